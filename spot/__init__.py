@@ -1,0 +1,10 @@
+"""spot: lossless speculative decoding for block-diffusion language models.
+
+The library returns data and never prints, logs or writes files; I/O lives in `spot_eval`.
+"""
+
+from spot.config import DecodeConfig, Sampling
+from spot.engine import BlockTrace, DecodeStats, Generation, generate
+from spot.tree import DraftTree
+
+__all__ = ["BlockTrace", "DecodeConfig", "DecodeStats", "DraftTree", "Generation", "Sampling", "generate"]

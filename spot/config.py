@@ -1,0 +1,72 @@
+"""Decoding configuration: frozen, validated once, shared by every method.
+
+The draft-free decoder and every speculative method read the same `DecodeConfig`; a speculative
+run differs from its reference only in `budget` and the drafter. Validation happens here so that
+bad input fails with a message that names the field and the fix, before any tensor is touched.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+POLICIES = ("single", "threshold")
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How a token is drawn at each masked position.
+
+    temperature: 0 is argmax; T > 0 is Gumbel-max on logits / T with counter-keyed noise.
+    top_k: keep the k most likely tokens (0 = off).
+    top_p: keep the smallest set whose probability reaches p (1.0 = off; the top token is always kept).
+    """
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not self.temperature >= 0:
+            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1] (1 = off), got {self.top_p}")
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """Everything that determines the draft-free output, plus the draft budget.
+
+    policy: "single" commits the most confident masked position per step (SDAR
+        low_confidence_static, one token per step); "threshold" also commits every masked
+        position whose confidence is >= `threshold` (Fast-dLLM's parallel rule).
+    block_length: positions per block (K).
+    gen_length: the most new tokens to produce.
+    seed: the root of the counter-keyed noise; (seed, request) fixes the whole output.
+    budget: draft nodes verified beside the current state per forward (0 = draft-free).
+    stop_strings: the output is cut before the earliest of these (checked after each block).
+    """
+
+    policy: str = "single"
+    threshold: float = 0.9
+    block_length: int = 32
+    gen_length: int = 256
+    sampling: Sampling = Sampling()
+    seed: int = 0
+    budget: int = 0
+    stop_strings: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise ValueError(f"unknown unmasking policy {self.policy!r}; choose one of {', '.join(POLICIES)}")
+        if not 0.0 < self.threshold <= 1.0:
+            raise ValueError(f"threshold must be in (0, 1], got {self.threshold}")
+        if self.block_length < 1:
+            raise ValueError(f"block_length must be >= 1, got {self.block_length}")
+        if self.gen_length < 1:
+            raise ValueError(f"gen_length must be >= 1, got {self.gen_length}")
+        if self.budget < 0:
+            raise ValueError(f"budget must be >= 0 (0 = draft-free decoding), got {self.budget}")
+        if self.seed < 0:
+            raise ValueError(f"seed must be >= 0, got {self.seed}")

@@ -1,0 +1,43 @@
+"""The drafter protocol: propose candidate future block states; know nothing of verification."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import torch
+
+from spot.config import DecodeConfig
+from spot.tree import DraftTree
+
+
+@dataclass(frozen=True)
+class DraftContext:
+    """What a drafter may read before the next verify forward.
+
+    state: [K] the current block state (the root of the tree to propose).
+    stale_logits: [K, V] the target's logits from the previous forward, at the state whose step
+        produced `state` (None at a block's first step, when no logits of this block exist yet).
+    request, block, step: the noise key of the root's step; a node d commits-steps deep
+        is scored by the verifier with `gumbel(step + d)`.
+    gumbel: the coupled noise of a step of this block ([K, V] float64, None at T = 0).
+    """
+
+    state: torch.Tensor
+    stale_logits: torch.Tensor | None
+    config: DecodeConfig
+    mask_id: int
+    request: int
+    block: int
+    step: int
+    budget: int
+    gumbel: Callable[[int], torch.Tensor | None]
+
+
+@runtime_checkable
+class Drafter(Protocol):
+    name: str
+
+    def draft(self, ctx: DraftContext) -> DraftTree:
+        """A tree rooted at `ctx.state` with at most `ctx.budget` nodes beyond the root."""

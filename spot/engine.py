@@ -1,0 +1,193 @@
+"""The speculative engine: draft, verify in one forward, follow the target, commit.
+
+Budget 0 *is* the draft-free decoder: the tree is the root alone, the walk takes the one step the
+root's logits give, and nothing else changes. Every method therefore runs this one loop.
+
+Glossary (see also spot.policy):
+    node           a candidate block state in the draft tree; node 0 is the current state.
+    piece          a node's full copy of the block in the verify forward.
+    accepted path  the nodes the walk moves through: each equals the state the target itself
+                   reaches from the previous one with that step's noise.
+    free step      the step the last accepted node's logits give; every forward yields >= 1 step.
+    finished       a block is finished when no mask precedes the first EOS or the generation end.
+
+Shapes: K block length, V vocabulary, N draft nodes.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from spot.config import DecodeConfig
+from spot.drafters.base import DraftContext, Drafter
+from spot.noise import gumbel, step_key
+from spot.policy import next_state
+from spot.stopping import cut_at_stop
+from spot.targets.base import Target
+from spot.tree import DraftTree
+
+
+@dataclass(frozen=True)
+class BlockTrace:
+    """The draft-free trajectory of one block: states[s] is the state before step s.
+
+    states: [S + 1, K] int64; row 0 the initial state, the last row the finished block.
+    """
+
+    block: int
+    states: torch.Tensor
+
+
+@dataclass(frozen=True)
+class DecodeStats:
+    forwards: int  # target model calls (the prompt's and finished blocks' KV ride along)
+    steps: int  # policy steps (commit steps) taken
+    accepted_lengths: tuple[int, ...]  # steps advanced per verify forward (>= 1 each)
+    draft_nodes: int  # draft nodes verified, root pieces excluded
+    seconds: float
+    target_seconds: float
+    drafter_seconds: float
+
+    @property
+    def other_seconds(self) -> float:
+        return self.seconds - self.target_seconds - self.drafter_seconds
+
+
+@dataclass(frozen=True)
+class Generation:
+    token_ids: tuple[int, ...]  # new tokens, cut before EOS / a stop string / at gen_length
+    text: str | None  # the decoded tokens (when a decode function was given)
+    finish_reason: str  # "eos" | "stop" | "length"
+    stats: DecodeStats
+    trajectory: tuple[BlockTrace, ...] | None  # with record=True
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.target = 0.0
+        self.drafter = 0.0
+
+
+def finished(state: torch.Tensor, lo: int, hi: int, mask_id: int, eos_ids: frozenset[int]) -> bool:
+    """True when the output of this block is settled: scanning generated positions lo..hi-1 in
+    order, an EOS comes before any mask, or no mask remains."""
+    for token in state[lo:hi].tolist():
+        if token == mask_id:
+            return False
+        if token in eos_ids:
+            return True
+    return True
+
+
+def generate(
+    target: Target,
+    prompt_ids: list[int] | torch.Tensor,
+    config: DecodeConfig,
+    drafter: Drafter | None = None,
+    request: int = 0,
+    decode: Callable[[list[int]], str] | None = None,
+    record: bool = False,
+) -> Generation:
+    """Decode one request; the output depends only on (target, prompt, config minus budget, request)."""
+    prompt = torch.as_tensor(prompt_ids, dtype=torch.long).flatten()
+    k, n_prompt = config.block_length, prompt.numel()
+    if target.block_length != k:
+        raise ValueError(f"config.block_length {k} differs from the target's block length {target.block_length}")
+    if n_prompt == 0:
+        raise ValueError("the prompt is empty: a block-diffusion decoder needs at least one prompt token")
+    if config.budget > 0 and drafter is None:
+        raise ValueError(f"budget {config.budget} needs a drafter; use budget 0 for draft-free decoding")
+    end = n_prompt + config.gen_length
+    n_positions = math.ceil(end / k) * k
+    if n_positions > target.max_positions:
+        raise ValueError(
+            f"a {n_prompt}-token prompt plus gen_length {config.gen_length} needs {n_positions} positions "
+            f"(whole blocks of {k}); the model has {target.max_positions}. Shorten the prompt or gen_length."
+        )
+    t0, forwards0, clock = time.perf_counter(), target.forwards, _Clock()
+    target.start(prompt[: n_prompt // k * k])
+    out: list[int] = []
+    lengths: list[int] = []
+    traces: list[BlockTrace] = []
+    draft_nodes, finish = 0, "length"
+    for block in range(n_prompt // k, n_positions // k):
+        start = block * k
+        state = torch.full((k,), target.mask_id, dtype=torch.long)
+        state[: max(n_prompt - start, 0)] = prompt[start:n_prompt]  # a partial prompt block is never masked
+        lo, hi = max(n_prompt - start, 0), min(end - start, k)
+        states, nodes = _decode_block(target, state, start, block, lo, hi, config, drafter, request, lengths, clock)
+        draft_nodes += nodes
+        if record:
+            traces.append(BlockTrace(block=block, states=torch.stack(states)))
+        new = states[-1][lo:hi].tolist()
+        eos_at = next((i for i, t in enumerate(new) if t in target.eos_ids), None)
+        out += new[:eos_at]
+        if eos_at is not None:
+            finish = "eos"
+            break
+        if config.stop_strings and decode is not None and cut_at_stop(out, config.stop_strings, decode) is not None:
+            finish = "stop"
+            break
+        target.commit(states[-1])
+    text = None
+    if decode is not None:
+        cut = cut_at_stop(out, config.stop_strings, decode) if config.stop_strings else None
+        out, text = (out, decode(out)) if cut is None else cut
+    stats = DecodeStats(
+        forwards=target.forwards - forwards0,
+        steps=sum(lengths),
+        accepted_lengths=tuple(lengths),
+        draft_nodes=draft_nodes,
+        seconds=time.perf_counter() - t0,
+        target_seconds=clock.target,
+        drafter_seconds=clock.drafter,
+    )
+    return Generation(tuple(out), text, finish, stats, tuple(traces) if record else None)
+
+
+def _decode_block(target, state, start, block, lo, hi, config, drafter, request, lengths, clock):
+    """Advance one block to `finished`; returns (states after each step, draft nodes verified)."""
+    mask_id, eos = target.mask_id, target.eos_ids
+    noise: dict[int, torch.Tensor | None] = {}
+
+    def step_noise(step: int) -> torch.Tensor | None:
+        if config.sampling.temperature == 0:
+            return None
+        if step not in noise:
+            key = step_key(config.seed, request, block, step)
+            noise[step] = gumbel(key, target.block_length, target.vocab_size, target.device)
+        return noise[step]
+
+    states, stale, nodes = [state], None, 0
+    while not finished(state, lo, hi, mask_id, eos):
+        step = len(states) - 1
+        tree = DraftTree.root_only(state)
+        if config.budget > 0:
+            t = time.perf_counter()
+            ctx = DraftContext(state, stale, config, mask_id, request, block, step, config.budget, step_noise)
+            tree = drafter.draft(ctx)
+            clock.drafter += time.perf_counter() - t
+            if tree.size > config.budget or not torch.equal(tree.states[0].cpu(), state.cpu()):
+                raise RuntimeError(f"drafter {drafter.name!r} returned {tree.size} nodes for budget {config.budget} or a foreign root")
+        t = time.perf_counter()
+        logits = target.verify(tree.states, start)  # [N + 1, K, V]
+        clock.target += time.perf_counter() - t
+        nodes += tree.size
+        node, advanced = 0, 0
+        while True:  # follow the target down the tree
+            state = next_state(tree.states[node].to(logits.device), logits[node], step_noise(step + advanced), config, mask_id).cpu()
+            stale, advanced = logits[node], advanced + 1
+            states.append(state)
+            if finished(state, lo, hi, mask_id, eos):
+                break
+            match = torch.nonzero((tree.states == state).all(dim=1))
+            if match.numel() == 0:
+                break
+            node = int(match[0])
+        lengths.append(advanced)
+    return states, nodes

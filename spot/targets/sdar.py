@@ -1,0 +1,193 @@
+"""SDAR-style targets: a transformers-native Qwen3 decoder with block-causal attention.
+
+SDAR checkpoints (JetLM/SDAR-*-Chat[-bN]) ship Qwen3 weight names under `model_type: "sdar"` and
+remote code; we read their config.json ourselves, build a plain `Qwen3Config`, and load the weights
+into `Qwen3ForCausalLM` without remote code. The attention pattern reaches the model only as an
+explicit 4D boolean mask argument (True = may attend):
+
+    rows of the pending prefix  -> the cache, and pending columns of the same or an earlier block
+    rows of piece r             -> the cache, the whole pending prefix, and piece r itself
+
+"Pending" holds completed blocks (the prompt's complete blocks, then each finished block) whose
+KV has not been computed yet: appending them rides along with the next verify forward instead of
+costing a forward of its own. The KV of the pieces is never kept: after each forward the cache is
+cropped back to the completed blocks.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import AutoTokenizer, DynamicCache, PreTrainedTokenizerBase, Qwen3Config, Qwen3ForCausalLM
+
+# Fields of SDAR's config.json that only its remote code reads.
+_REMOTE_ONLY_FIELDS = ("auto_map", "architectures", "attn_implementation", "model_type")
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """What a checkpoint directory says about itself."""
+
+    path: str
+    mask_id: int
+    block_size: int  # the block length the checkpoint was trained with
+    eos_ids: frozenset[int]
+    max_positions: int
+    vocab_size: int
+
+
+def read_checkpoint(path: str | Path) -> tuple[Qwen3Config, CheckpointInfo]:
+    """Map an SDAR (or SDAR-compatible Qwen3) config.json to a plain Qwen3Config.
+
+    Raises:
+        FileNotFoundError / ValueError with a message naming the directory and the missing field.
+    """
+    path = Path(path)
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        raise FileNotFoundError(f"{path} is not a model directory: it has no config.json")
+    raw = json.loads(config_file.read_text())
+    for field in ("mask_token_id", "block_size"):
+        if raw.get(field) is None:
+            raise ValueError(
+                f"{config_file} has no {field!r}: this is not a block-diffusion (SDAR-style) checkpoint. "
+                f"Add {field} to config.json (SDAR uses mask_token_id 151669 and block_size 4/8/16/32/64)."
+            )
+    fields = {k: v for k, v in raw.items() if k not in _REMOTE_ONLY_FIELDS}
+    config = Qwen3Config(**fields)
+    eos: set[int] = set()
+    generation_file = path / "generation_config.json"
+    sources = [raw.get("eos_token_id")]
+    if generation_file.is_file():
+        sources.append(json.loads(generation_file.read_text()).get("eos_token_id"))
+    for value in sources:
+        if isinstance(value, int):
+            eos.add(value)
+        elif isinstance(value, list):
+            eos.update(int(v) for v in value)
+    if not eos:
+        raise ValueError(f"{path} declares no eos_token_id in config.json or generation_config.json")
+    info = CheckpointInfo(
+        path=str(path),
+        mask_id=int(raw["mask_token_id"]),
+        block_size=int(raw["block_size"]),
+        eos_ids=frozenset(eos),
+        max_positions=int(config.max_position_embeddings),
+        vocab_size=int(config.vocab_size),
+    )
+    if not 0 <= info.mask_id < info.vocab_size:
+        raise ValueError(f"{config_file}: mask_token_id {info.mask_id} is outside the vocabulary (size {info.vocab_size})")
+    return config, info
+
+
+class SDARTarget:
+    """A block-diffusion target over a `Qwen3ForCausalLM` (see the module docstring)."""
+
+    def __init__(
+        self,
+        model: Qwen3ForCausalLM,
+        mask_id: int,
+        eos_ids: frozenset[int],
+        block_length: int,
+        tokenizer: PreTrainedTokenizerBase | None = None,
+        name: str = "",
+    ) -> None:
+        if block_length < 1:
+            raise ValueError(f"block_length must be >= 1, got {block_length}")
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.name = name
+        self.mask_id = mask_id
+        self.eos_ids = frozenset(eos_ids)
+        self.block_length = block_length
+        self.vocab_size = int(model.config.vocab_size)
+        self.max_positions = int(model.config.max_position_embeddings)
+        self.device = next(model.parameters()).device
+        self.forwards = 0
+        self._cache = DynamicCache(config=model.config)
+        self._pending = torch.empty(0, dtype=torch.long, device=self.device)  # [Lp]
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        path: str | Path,
+        block_length: int | None = None,
+        device: str | torch.device = "cpu",
+        dtype: torch.dtype = torch.float32,
+        attn_implementation: str = "sdpa",
+        trust_remote_code: bool = False,
+    ) -> SDARTarget:
+        """Load a local SDAR-style checkpoint directory (weights, tokenizer, ids, block size)."""
+        config, info = read_checkpoint(path)
+        block_length = info.block_size if block_length is None else block_length
+        if block_length != info.block_size:
+            warnings.warn(
+                f"decode block length {block_length} differs from the checkpoint's block_size {info.block_size} "
+                f"({path}); the target was trained for {info.block_size}-token blocks",
+                stacklevel=2,
+            )
+        tokenizer = AutoTokenizer.from_pretrained(str(path), trust_remote_code=trust_remote_code)
+        if tokenizer.convert_ids_to_tokens(info.mask_id) is None:
+            raise ValueError(
+                f"the tokenizer in {path} has no token for mask_token_id {info.mask_id}; "
+                "add the mask token to the tokenizer (SDAR: <|MASK|>)"
+            )
+        model = Qwen3ForCausalLM.from_pretrained(
+            str(path), config=config, dtype=dtype, attn_implementation=attn_implementation
+        ).to(device)
+        return cls(model, info.mask_id, info.eos_ids, block_length, tokenizer=tokenizer, name=str(path))
+
+    # -- the Target protocol ----------------------------------------------------------------------
+
+    def start(self, prefix: torch.Tensor) -> None:
+        if prefix.numel() % self.block_length:
+            raise ValueError(f"prefix length {prefix.numel()} is not a multiple of the block length {self.block_length}")
+        self._cache = DynamicCache(config=self.model.config)
+        self._pending = prefix.to(self.device, torch.long)
+
+    def commit(self, block: torch.Tensor) -> None:
+        self._pending = torch.cat([self._pending, block.to(self.device, torch.long)])
+
+    @torch.inference_mode()
+    def verify(self, pieces: torch.Tensor, start: int) -> torch.Tensor:
+        n_pieces, k = pieces.shape  # [P, K]
+        cached = self._cache.get_seq_length()
+        n_pending = self._pending.numel()
+        if cached + n_pending != start:
+            raise RuntimeError(f"active block starts at {start} but the cache and pending blocks end at {cached + n_pending}")
+        if start + k > self.max_positions:
+            raise ValueError(f"block ending at position {start + k} exceeds the model's {self.max_positions} positions")
+        input_ids = torch.cat([self._pending, pieces.to(self.device).reshape(-1)])[None]  # [1, Lp + P*K]
+        positions = torch.cat(
+            [torch.arange(cached, start, device=self.device), torch.arange(start, start + k, device=self.device).repeat(n_pieces)]
+        )[None]  # [1, Lp + P*K]
+        mask = self._mask(cached, n_pending, n_pieces)  # [1, 1, Lp + P*K, cached + Lp + P*K]
+        hidden = self.model.model(
+            input_ids=input_ids, position_ids=positions, attention_mask=mask, cache=self._cache, use_cache=True
+        ).last_hidden_state  # [1, Lp + P*K, d]
+        logits = self.model.lm_head(hidden[0, n_pending:]).view(n_pieces, k, -1)  # [P, K, V]
+        self._cache.crop(-(n_pieces * k))  # keep the completed blocks only
+        self._pending = self._pending[:0]
+        self.forwards += 1
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)  # so that callers time the forward, not its launch
+        return logits.float()
+
+    def _mask(self, cached: int, n_pending: int, n_pieces: int) -> torch.Tensor:
+        k = self.block_length
+        q = n_pending + n_pieces * k
+        # Group id per query row: pending rows by absolute block, piece rows by -(r + 1).
+        pending_block = torch.arange(cached, cached + n_pending, device=self.device) // k  # [Lp]
+        piece_id = -1 - torch.arange(n_pieces, device=self.device).repeat_interleave(k)  # [P*K]
+        group = torch.cat([pending_block, piece_id])  # [q]
+        is_piece = group < 0
+        pending_visible = (
+            is_piece[:, None] | (pending_block[None, :] <= group[:, None])  # block-causal among pending rows
+        )  # [q, Lp]
+        piece_visible = group[:, None] == piece_id[None, :]  # [q, P*K]: a piece sees only itself
+        cache_visible = torch.ones(q, cached, dtype=torch.bool, device=self.device)
+        return torch.cat([cache_visible, pending_visible, piece_visible], dim=1)[None, None]

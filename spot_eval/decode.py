@@ -1,0 +1,93 @@
+"""One prompt, one method: the `spot-eval decode` command's work, returned as a JSON-ready dict."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from spot import DecodeConfig, Sampling, generate
+from spot.drafters import AdversarialDrafter, OracleDrafter, RandomDrafter
+from spot.targets import SDARTarget
+
+DRAFT_FREE = "draft_free"
+REFERENCE_DRAFTERS = ("random", "adversarial", "oracle")
+
+
+def load_target(path: str | Path, block_length: int | None, device: str = "cpu") -> SDARTarget:
+    if not Path(path).is_dir():
+        raise FileNotFoundError(f"target {path} is not a directory; pass --target PATH to a model directory")
+    dtype = torch.float32 if str(device).startswith("cpu") else torch.bfloat16
+    return SDARTarget.from_pretrained(path, block_length=block_length, device=device, dtype=dtype)
+
+
+def encode_prompt(target: SDARTarget, prompt: str, chat: bool) -> list[int]:
+    tokenizer = target.tokenizer
+    if chat:
+        if not getattr(tokenizer, "chat_template", None):
+            raise ValueError(f"--chat needs a chat template, and the tokenizer of {target.name} has none; drop --chat")
+        prompt = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False)
+    return tokenizer(prompt, add_special_tokens=False)["input_ids"]
+
+
+def decode_prompt(
+    target: str | Path,
+    method: str,
+    budget: int,
+    policy: str,
+    threshold: float,
+    block_length: int | None,
+    gen_length: int,
+    temperature: float,
+    top_k: int,
+    top_p: float,
+    seed: int,
+    prompt: str,
+    chat: bool,
+    device: str = "cpu",
+) -> dict:
+    if method != DRAFT_FREE and method not in REFERENCE_DRAFTERS:
+        raise ValueError(f"unknown method {method!r}; choose {DRAFT_FREE} or one of {', '.join(REFERENCE_DRAFTERS)}")
+    if method == DRAFT_FREE and budget:
+        raise ValueError(f"method {DRAFT_FREE} takes no budget (got {budget}); pick a drafter to use a budget")
+    sampling = Sampling(temperature=temperature, top_k=top_k, top_p=top_p)
+    # Validate the settings before loading weights.
+    DecodeConfig(policy=policy, threshold=threshold, gen_length=gen_length, sampling=sampling, seed=seed, budget=budget)
+    model = load_target(target, block_length, device)
+    config = DecodeConfig(
+        policy=policy,
+        threshold=threshold,
+        block_length=model.block_length,
+        gen_length=gen_length,
+        sampling=sampling,
+        seed=seed,
+        budget=budget,
+    )
+    ids = encode_prompt(model, prompt, chat)
+    decode = model.tokenizer.decode
+    drafter = None
+    if method != DRAFT_FREE:
+        reference = generate(model, ids, DecodeConfig(**{**config.__dict__, "budget": 0}), decode=decode, record=True)
+        drafter = {
+            "random": lambda: RandomDrafter(model.vocab_size, seed=seed),
+            "adversarial": lambda: AdversarialDrafter(reference.trajectory, model.vocab_size),
+            "oracle": lambda: OracleDrafter(reference.trajectory),
+        }[method]()
+    result = generate(model, ids, config, drafter=drafter, decode=decode)
+    s = result.stats
+    return {
+        "method": method,
+        "budget": budget,
+        "target": str(target),
+        "text": result.text,
+        "token_ids": list(result.token_ids),
+        "finish_reason": result.finish_reason,
+        "forwards": s.forwards,
+        "steps": s.steps,
+        "seconds": s.seconds,
+        "target_seconds": s.target_seconds,
+        "drafter_seconds": s.drafter_seconds,
+        "accepted_lengths": list(s.accepted_lengths),
+        "prompt_tokens": len(ids),
+        "block_length": model.block_length,
+    }

@@ -1,0 +1,46 @@
+"""Shared fixtures: tiny randomly initialised Qwen3 targets, built in the test (no files, no hub)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import Qwen3Config, Qwen3ForCausalLM
+
+from spot.targets.sdar import SDARTarget
+
+VOCAB = 64
+MASK_ID = 63
+EOS_ID = 62
+
+
+def tiny_qwen3(seed: int = 0, vocab: int = VOCAB, hidden: int = 32, layers: int = 2, scale: float = 2.0) -> Qwen3ForCausalLM:
+    """A 2-layer Qwen3 with a wide initialisation and a scaled-up output head, so outputs vary and
+    distributions are peaked like a trained model's (confidences spread over (0, 1), which
+    exercises the threshold policy)."""
+    torch.manual_seed(seed)
+    config = Qwen3Config(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=hidden // 4,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+        initializer_range=0.3,
+        attn_implementation="sdpa",
+    )
+    model = Qwen3ForCausalLM(config).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(scale)
+    return model
+
+
+def tiny_target(block_length: int = 16, seed: int = 0, eos_ids=frozenset({EOS_ID})) -> SDARTarget:
+    return SDARTarget(tiny_qwen3(seed), mask_id=MASK_ID, eos_ids=eos_ids, block_length=block_length)
+
+
+@pytest.fixture
+def target16() -> SDARTarget:
+    return tiny_target(16)
