@@ -122,6 +122,8 @@ class SDARTarget:
         trust_remote_code: bool = False,
     ) -> SDARTarget:
         """Load a local SDAR-style checkpoint directory (weights, tokenizer, ids, block size)."""
+        if block_length is not None and block_length < 1:
+            raise ValueError(f"block_length must be >= 1, got {block_length}")
         config, info = read_checkpoint(path)
         block_length = info.block_size if block_length is None else block_length
         if block_length != info.block_size:

@@ -1,0 +1,209 @@
+"""Losslessness of the speculative engine, proved as an explicit grid plus hypothesis.
+
+Every method must reproduce the draft-free tokens: across temperatures, budgets, drafters,
+policies, block lengths, generation lengths that are not a multiple of the block, and EOS in the
+middle of a block.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from conftest import EOS_ID, MASK_ID, VOCAB, tiny_target
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from spot import DecodeConfig, Sampling, generate
+from spot.drafters import AdversarialDrafter, OracleDrafter, RandomDrafter
+
+TEMPERATURES = [0.0, 0.7, 1.0, 2.0]
+BUDGETS = [1, 4, 8, 20]
+
+
+def prompt_ids(seed: int, length: int) -> list[int]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, VOCAB - 2, (length,), generator=g).tolist()
+
+
+def with_budget(config: DecodeConfig, budget: int) -> DecodeConfig:
+    return DecodeConfig(**{**config.__dict__, "budget": budget})
+
+
+def drafters(reference):
+    return [RandomDrafter(VOCAB, seed=1), AdversarialDrafter(reference.trajectory, VOCAB), OracleDrafter(reference.trajectory)]
+
+
+def mid_block_token(reference, block_length: int) -> tuple[int, int]:
+    """A token whose first occurrence in the reference output is strictly inside a block."""
+    ids = list(reference.token_ids)
+    for i in range(1, len(ids)):
+        if ids[i] not in ids[:i] and 0 < i % block_length < block_length - 1:
+            return ids[i], i
+    raise AssertionError("the reference output has no token that first appears mid-block")
+
+
+def assert_lossless(target, prompt, config):
+    reference = generate(target, prompt, config, record=True)
+    for drafter in drafters(reference):
+        for budget in BUDGETS:
+            got = generate(target, prompt, with_budget(config, budget), drafter=drafter)
+            assert got.token_ids == reference.token_ids, (drafter.name, budget)
+            assert got.finish_reason == reference.finish_reason
+    return reference
+
+
+@pytest.mark.parametrize("block_length, gen_length", [(16, 45), (32, 70)])
+@pytest.mark.parametrize("policy", ["single", "threshold"])
+@pytest.mark.parametrize("temperature", TEMPERATURES)
+def test_every_drafter_and_budget_reproduces_draft_free(block_length, gen_length, policy, temperature):
+    sampling = Sampling(temperature=temperature, top_k=20 if temperature == 0.7 else 0, top_p=0.9 if temperature == 2.0 else 1.0)
+    config = DecodeConfig(
+        policy=policy, threshold=0.6, block_length=block_length, gen_length=gen_length, sampling=sampling, seed=3
+    )
+    target = tiny_target(block_length, seed=int(temperature * 10) + block_length, eos_ids=frozenset())
+    prompt = prompt_ids(int(temperature * 100) + block_length, 21)
+    reference = assert_lossless(target, prompt, config)
+    assert reference.finish_reason == "length" and len(reference.token_ids) == gen_length
+
+    # The same grid point with an EOS that the target writes in the middle of a block.
+    eos, index = mid_block_token(reference, block_length)
+    target.eos_ids = frozenset({eos})
+    stopped = assert_lossless(target, prompt, config)
+    assert stopped.finish_reason == "eos" and stopped.token_ids == reference.token_ids[:index]
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    seed=st.integers(0, 10_000),
+    prompt_length=st.integers(1, 40),
+    gen_length=st.integers(1, 50),
+    temperature=st.sampled_from(TEMPERATURES),
+    policy=st.sampled_from(["single", "threshold"]),
+    budget=st.sampled_from(BUDGETS),
+)
+def test_random_prompts_and_lengths_are_lossless(seed, prompt_length, gen_length, temperature, policy, budget):
+    target = tiny_target(16, seed=seed % 3)
+    config = DecodeConfig(
+        policy=policy, threshold=0.5, block_length=16, gen_length=gen_length, sampling=Sampling(temperature=temperature), seed=seed
+    )
+    prompt = prompt_ids(seed, prompt_length)
+    reference = generate(target, prompt, config, record=True)
+    assert len(reference.token_ids) <= gen_length
+    for drafter in drafters(reference):
+        assert generate(target, prompt, with_budget(config, budget), drafter=drafter).token_ids == reference.token_ids
+
+
+@pytest.mark.parametrize("budget", BUDGETS)
+def test_oracle_reaches_the_bound_of_budget_plus_one_steps_per_forward(budget):
+    target = tiny_target(32, seed=5)
+    config = DecodeConfig(block_length=32, gen_length=96)
+    prompt = prompt_ids(5, 32)  # whole prompt blocks: every generated block has 32 steps
+    reference = generate(target, prompt, config, record=True)
+    steps = [trace.states.shape[0] - 1 for trace in reference.trajectory]
+    assert steps == [32, 32, 32] and reference.stats.forwards == 96
+    got = generate(target, prompt, with_budget(config, budget), drafter=OracleDrafter(reference.trajectory))
+    assert got.stats.forwards == sum(math.ceil(s / (budget + 1)) for s in steps)
+    assert max(got.stats.accepted_lengths) == min(budget + 1, 32)
+
+
+def test_adversarial_drafts_are_never_accepted():
+    target = tiny_target(16, seed=2)
+    config = DecodeConfig(block_length=16, gen_length=40, policy="threshold", threshold=0.5)
+    reference = generate(target, prompt_ids(2, 10), config, record=True)
+    got = generate(target, prompt_ids(2, 10), with_budget(config, 8), drafter=AdversarialDrafter(reference.trajectory, VOCAB))
+    assert set(got.stats.accepted_lengths) == {1}
+    assert got.stats.forwards == reference.stats.forwards
+
+
+def test_forward_counter_agrees_with_a_hook_on_the_model():
+    target = tiny_target(16, seed=1)
+    calls = []
+    target.model.model.register_forward_hook(lambda *args: calls.append(1))
+    config = DecodeConfig(block_length=16, gen_length=40, budget=4)
+    reference = generate(target, prompt_ids(1, 20), DecodeConfig(block_length=16, gen_length=40), record=True)
+    got = generate(target, prompt_ids(1, 20), config, drafter=OracleDrafter(reference.trajectory))
+    assert len(calls) == reference.stats.forwards + got.stats.forwards
+    assert got.stats.steps == reference.stats.steps == sum(got.stats.accepted_lengths)
+
+
+def test_stats_split_the_wall_time():
+    target = tiny_target(16)
+    reference = generate(target, prompt_ids(0, 5), DecodeConfig(block_length=16, gen_length=20), record=True)
+    got = generate(target, prompt_ids(0, 5), DecodeConfig(block_length=16, gen_length=20, budget=4), drafter=RandomDrafter(VOCAB))
+    for stats in (reference.stats, got.stats):
+        assert stats.seconds > 0 and 0 < stats.target_seconds <= stats.seconds
+        assert stats.other_seconds >= 0
+    assert reference.stats.drafter_seconds == 0 and got.stats.drafter_seconds > 0
+    assert got.stats.draft_nodes > 0
+
+
+def test_partial_prompt_block_is_never_masked():
+    target = tiny_target(16)
+    prompt = prompt_ids(4, 21)  # 16 + 5: the first decode block starts with 5 prompt tokens
+    reference = generate(target, prompt, DecodeConfig(block_length=16, gen_length=30), record=True)
+    first = reference.trajectory[0]
+    assert first.block == 1
+    assert (first.states[:, :5] == torch.tensor(prompt[16:21])).all()
+    assert reference.stats.steps == 11 + 16 + 16  # only masked positions take steps
+
+
+class CharDecode:
+    """A stand-in tokenizer: token t decodes to chr(ord('a') + t % 26)."""
+
+    def __call__(self, ids):
+        return "".join(chr(ord("a") + t % 26) for t in ids)
+
+
+def test_stop_strings_cut_text_and_tokens_alike_for_every_method():
+    target = tiny_target(16, seed=6, eos_ids=frozenset())
+    base = DecodeConfig(block_length=16, gen_length=60)
+    full = generate(target, prompt_ids(6, 8), base, decode=CharDecode(), record=True)
+    stop = full.text[20:22]
+    assert len(full.text) == 60 and len(stop) == 2
+    config = DecodeConfig(block_length=16, gen_length=60, stop_strings=(stop,))
+    reference = generate(target, prompt_ids(6, 8), config, decode=CharDecode(), record=True)
+    cut = full.text.find(stop)
+    assert reference.text == full.text[:cut] and reference.finish_reason == "stop"
+    assert CharDecode()(list(reference.token_ids)) == reference.text
+    got = generate(target, prompt_ids(6, 8), with_budget(config, 8), drafter=OracleDrafter(reference.trajectory), decode=CharDecode())
+    assert (got.token_ids, got.text) == (reference.token_ids, reference.text)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"budget": -1}, "budget must be >= 0"),
+        ({"sampling": None}, "temperature must be >= 0"),
+        ({"policy": "greedy"}, "unknown unmasking policy 'greedy'"),
+        ({"gen_length": 0}, "gen_length must be >= 1"),
+        ({"threshold": 1.5}, "threshold must be in"),
+    ],
+)
+def test_bad_settings_are_named(kwargs, message):
+    if kwargs.get("sampling", 1) is None:
+        with pytest.raises(ValueError, match=message):
+            Sampling(temperature=-0.5)
+        return
+    with pytest.raises(ValueError, match=message):
+        DecodeConfig(**kwargs)
+
+
+def test_a_prompt_longer_than_the_model_positions_is_refused():
+    target = tiny_target(16)
+    with pytest.raises(ValueError, match="needs 528 positions .* the model has 512"):
+        generate(target, [1] * 500, DecodeConfig(block_length=16, gen_length=20))
+
+
+def test_a_budget_without_a_drafter_and_a_mismatched_block_are_refused():
+    target = tiny_target(16)
+    with pytest.raises(ValueError, match="needs a drafter"):
+        generate(target, [1, 2], DecodeConfig(block_length=16, gen_length=20, budget=2))
+    with pytest.raises(ValueError, match="block_length 32 differs from the target's block length 16"):
+        generate(target, [1, 2], DecodeConfig(block_length=32, gen_length=20))
+
+
+def test_mask_and_eos_ids_are_the_targets():
+    target = tiny_target(16)
+    assert target.mask_id == MASK_ID and target.eos_ids == {EOS_ID}

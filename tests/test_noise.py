@@ -1,0 +1,33 @@
+import math
+
+import torch
+
+from spot.noise import gumbel, step_key
+
+
+def test_same_key_same_noise_and_distinct_keys_differ():
+    a = gumbel(step_key(0, 1, 2, 3), 16, 100)
+    assert torch.equal(a, gumbel(step_key(0, 1, 2, 3), 16, 100))
+    for other in [(1, 1, 2, 3), (0, 2, 2, 3), (0, 1, 3, 3), (0, 1, 2, 4)]:
+        assert not torch.equal(a, gumbel(step_key(*other), 16, 100))
+
+
+def test_positions_and_tokens_get_different_noise():
+    g = gumbel(step_key(0, 0, 0, 0), 32, 1000)
+    assert g.shape == (32, 1000) and g.dtype == torch.float64
+    assert torch.unique(g).numel() > 0.99 * g.numel()
+
+
+def test_noise_is_standard_gumbel():
+    g = gumbel(step_key(7, 0, 0, 0), 64, 4096).flatten()
+    euler_gamma = 0.5772156649
+    assert abs(g.mean().item() - euler_gamma) < 0.01
+    assert abs(g.var().item() - math.pi**2 / 6) < 0.03
+
+
+def test_gumbel_max_samples_the_softmax():
+    logits = torch.tensor([0.0, 1.0, 2.0], dtype=torch.float64)
+    counts = torch.zeros(3)
+    for step in range(4000):
+        counts[torch.argmax(logits + gumbel(step_key(0, 0, 0, step), 1, 3)[0])] += 1
+    assert torch.allclose(counts / counts.sum(), torch.softmax(logits, 0).float(), atol=0.03)
