@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 import torch
-from transformers import Qwen3Config, Qwen3ForCausalLM
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
 from spot.targets.sdar import SDARTarget
 
@@ -39,6 +43,25 @@ def tiny_qwen3(seed: int = 0, vocab: int = VOCAB, hidden: int = 32, layers: int 
 
 def tiny_target(block_length: int = 16, seed: int = 0, eos_ids=frozenset({EOS_ID})) -> SDARTarget:
     return SDARTarget(tiny_qwen3(seed), mask_id=MASK_ID, eos_ids=eos_ids, block_length=block_length)
+
+
+def write_checkpoint(path: Path, config_overrides: dict | None = None, tokenizer_vocab: int = 64) -> Path:
+    """A tiny SDAR-style model directory: Qwen3 weights, block_size 16, a word-level tokenizer
+    (token i is the word "t<i>"), no chat template."""
+    model = tiny_qwen3()
+    model.config.block_size = 16
+    model.config.mask_token_id = MASK_ID
+    model.config.eos_token_id = EOS_ID
+    model.save_pretrained(path)
+    vocab = {f"t{i}": i for i in range(tokenizer_vocab)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="t0"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=f"t{EOS_ID}").save_pretrained(path)
+    if config_overrides:
+        raw = json.loads((path / "config.json").read_text())
+        raw.update(config_overrides)
+        (path / "config.json").write_text(json.dumps({k: v for k, v in raw.items() if v is not None}))
+    return path
 
 
 @pytest.fixture

@@ -8,9 +8,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import EOS_ID, MASK_ID, tiny_qwen3, tiny_target
-from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import PreTrainedTokenizerFast, Qwen3ForCausalLM
+from conftest import EOS_ID, MASK_ID, tiny_qwen3, tiny_target, write_checkpoint
+from transformers import Qwen3ForCausalLM
 
 from spot.targets.sdar import SDARTarget, read_checkpoint
 
@@ -98,23 +97,6 @@ def test_real_sdar_configs_map_onto_qwen3(name, tmp_path):
         model = Qwen3ForCausalLM(config)
     index = json.loads((FIXTURES / name / "model.safetensors.index.json").read_text())["weight_map"]
     assert set(index) == set(model.state_dict())
-
-
-def write_checkpoint(path: Path, config_overrides: dict | None = None, tokenizer_vocab: int = 64) -> Path:
-    model = tiny_qwen3()
-    model.config.block_size = 16
-    model.config.mask_token_id = MASK_ID
-    model.config.eos_token_id = EOS_ID
-    model.save_pretrained(path)
-    vocab = {f"t{i}": i for i in range(tokenizer_vocab)}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="t0"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=f"t{EOS_ID}").save_pretrained(path)
-    if config_overrides:
-        raw = json.loads((path / "config.json").read_text())
-        raw.update(config_overrides)
-        (path / "config.json").write_text(json.dumps({k: v for k, v in raw.items() if v is not None}))
-    return path
 
 
 def test_a_local_sdar_style_directory_loads_and_decodes(tmp_path):
