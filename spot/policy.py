@@ -65,10 +65,7 @@ def propose(logits: torch.Tensor, gumbel: torch.Tensor | None, sampling: Samplin
     z = logits.to(torch.float64)
     z[:, mask_id] = float("-inf")
     z = filtered_logits(z, sampling)
-    if sampling.temperature > 0:
-        tokens = torch.argmax(z + gumbel, dim=-1)  # [K]
-    else:
-        tokens = torch.argmax(z, dim=-1)  # [K]
+    tokens = torch.argmax(z + gumbel if sampling.temperature > 0 else z, dim=-1)  # [K]
     confidence = torch.softmax(z, dim=-1).gather(-1, tokens[:, None])[:, 0]  # [K]
     return Proposal(tokens=tokens, confidence=confidence)
 
