@@ -26,7 +26,7 @@ import torch
 from spot.config import DecodeConfig
 from spot.drafters.base import DraftContext, Drafter
 from spot.noise import gumbel, step_key
-from spot.policy import next_state
+from spot.policy import next_state, topk_logprobs
 from spot.stopping import cut_at_stop
 from spot.targets.base import Target
 from spot.tree import DraftTree
@@ -34,13 +34,17 @@ from spot.tree import DraftTree
 
 @dataclass(frozen=True)
 class BlockTrace:
-    """The draft-free trajectory of one block: states[s] is the state before step s.
+    """The trajectory of one block: states[s] is the state before step s.
 
     states: [S + 1, K] int64; row 0 the initial state, the last row the finished block.
+    topk_logprobs, topk_ids: [S, K, k] the top-k of log-softmax of the logits at states[s] (the
+        logits step s was decided on; the mask token excluded), with record_topk=k > 0.
     """
 
     block: int
     states: torch.Tensor
+    topk_logprobs: torch.Tensor | None = None
+    topk_ids: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -92,8 +96,13 @@ def generate(
     request: int = 0,
     decode: Callable[[list[int]], str] | None = None,
     record: bool = False,
+    record_topk: int = 0,
 ) -> Generation:
-    """Decode one request; the output depends only on (target, prompt, config minus budget, request)."""
+    """Decode one request; the output depends only on (target, prompt, config minus budget, request).
+
+    record: keep the trajectory (`Generation.trajectory`); record_topk: also keep the top-k
+    log-probabilities of the logits behind every step (what drafters are trained on).
+    """
     prompt = torch.as_tensor(prompt_ids, dtype=torch.long).flatten()
     k, n_prompt = config.block_length, prompt.numel()
     if target.block_length != k:
@@ -120,10 +129,12 @@ def generate(
         state = torch.full((k,), target.mask_id, dtype=torch.long)
         state[: max(n_prompt - start, 0)] = prompt[start:n_prompt]  # a partial prompt block is never masked
         lo, hi = max(n_prompt - start, 0), min(end - start, k)
-        states, nodes = _decode_block(target, state, start, block, lo, hi, config, drafter, request, lengths, clock)
+        states, tops, nodes = _decode_block(
+            target, state, start, block, lo, hi, config, drafter, request, lengths, clock, record_topk
+        )
         draft_nodes += nodes
         if record:
-            traces.append(BlockTrace(block=block, states=torch.stack(states)))
+            traces.append(_trace(block, states, tops))
         new = states[-1][lo:hi].tolist()
         eos_at = next((i for i, t in enumerate(new) if t in target.eos_ids), None)
         out += new[:eos_at]
@@ -150,8 +161,18 @@ def generate(
     return Generation(tuple(out), text, finish, stats, tuple(traces) if record else None)
 
 
-def _decode_block(target, state, start, block, lo, hi, config, drafter, request, lengths, clock):
-    """Advance one block to `finished`; returns (states after each step, draft nodes verified)."""
+def _trace(block: int, states: list[torch.Tensor], tops: list[tuple[torch.Tensor, torch.Tensor]]) -> BlockTrace:
+    if not tops:
+        return BlockTrace(block=block, states=torch.stack(states))
+    values, ids = zip(*tops, strict=True)
+    return BlockTrace(block, torch.stack(states), torch.stack(values), torch.stack(ids))  # [S, K, k] each
+
+
+def _decode_block(target, state, start, block, lo, hi, config, drafter, request, lengths, clock, record_topk):
+    """Advance one block to `finished`.
+
+    Returns (the states after each step, the top-k of the logits behind each step, draft nodes verified).
+    """
     mask_id, eos = target.mask_id, target.eos_ids
     noise: dict[int, torch.Tensor | None] = {}
 
@@ -163,7 +184,7 @@ def _decode_block(target, state, start, block, lo, hi, config, drafter, request,
             noise[step] = gumbel(key, target.block_length, target.vocab_size, target.device)
         return noise[step]
 
-    states, stale, nodes = [state], None, 0
+    states, tops, stale, nodes = [state], [], None, 0
     while not finished(state, lo, hi, mask_id, eos):
         step = len(states) - 1
         tree = DraftTree.root_only(state)
@@ -183,6 +204,8 @@ def _decode_block(target, state, start, block, lo, hi, config, drafter, request,
             state = next_state(tree.states[node].to(logits.device), logits[node], step_noise(step + advanced), config, mask_id).cpu()
             stale, advanced = logits[node], advanced + 1
             states.append(state)
+            if record_topk:
+                tops.append(topk_logprobs(stale, record_topk, mask_id))
             if finished(state, lo, hi, mask_id, eos):
                 break
             match = torch.nonzero((tree.states == state).all(dim=1))
@@ -190,4 +213,4 @@ def _decode_block(target, state, start, block, lo, hi, config, drafter, request,
                 break
             node = int(match[0])
         lengths.append(advanced)
-    return states, nodes
+    return states, tops, nodes

@@ -47,15 +47,27 @@ def step_key(seed: int, request: int, block: int, step: int) -> int:
     return key
 
 
+def gumbel_at(key: int, positions: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """The noise entries at given (position, token) pairs, equal to the matching entries of
+    `gumbel(key, ...)`; drafters use it to score only a position's top-k tokens.
+
+    Args:
+        positions, tokens: int64 tensors of one broadcastable shape S.
+    Returns:
+        float64 tensor of shape S.
+    """
+    row = _mix(positions ^ key)
+    h = _mix(_mix(row ^ tokens) ^ 0x85EBCA6B)
+    u = (h.to(torch.float64) + 0.5) / 2.0**32  # uniform in (0, 1), never 0 or 1
+    return -torch.log(-torch.log(u))
+
+
 def gumbel(key: int, block_length: int, vocab_size: int, device: torch.device | str = "cpu") -> torch.Tensor:
     """Gumbel(0, 1) noise for one step of one block.
 
     Returns:
         float64 tensor [K, V]: entry (i, v) belongs to position i of the block and token v.
     """
-    pos = torch.arange(block_length, device=device, dtype=torch.int64)  # [K]
-    vocab = torch.arange(vocab_size, device=device, dtype=torch.int64)  # [V]
-    row = _mix(pos ^ key)  # [K]
-    h = _mix(_mix(row[:, None] ^ vocab[None, :]) ^ 0x85EBCA6B)  # [K, V]
-    u = (h.to(torch.float64) + 0.5) / 2.0**32  # uniform in (0, 1), never 0 or 1
-    return -torch.log(-torch.log(u))
+    positions = torch.arange(block_length, device=device, dtype=torch.int64)[:, None]  # [K, 1]
+    tokens = torch.arange(vocab_size, device=device, dtype=torch.int64)[None, :]  # [1, V]
+    return gumbel_at(key, positions, tokens)

@@ -102,3 +102,11 @@ def next_state(
     proposal = propose(logits, gumbel, config.sampling, mask_id)
     chosen = select(state == mask_id, proposal.confidence, config)
     return torch.where(chosen, proposal.tokens, state)
+
+
+def topk_logprobs(logits: torch.Tensor, k: int, mask_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The top-k of log-softmax over the vocabulary without the mask token: ([K, k], [K, k]) on CPU."""
+    z = logits.float().clone()  # [K, V]
+    z[:, mask_id] = float("-inf")
+    top = torch.topk(torch.log_softmax(z, dim=-1), k, dim=-1)
+    return top.values.cpu(), top.indices.cpu()

@@ -12,6 +12,8 @@ them for correctness.
 
 from __future__ import annotations
 
+import heapq
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -48,3 +50,81 @@ class DraftTree:
         for ps in self.parents[1:]:
             out.append(out[ps[0]] + 1)
         return out
+
+
+# -- best-first growth ("ddtree_b") ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Edge:
+    """One commit (position, token) out of a node, with its log-score (higher is likelier)."""
+
+    position: int
+    token: int
+    logp: float
+
+
+# expand(states, depths) -> for each node its edges, sorted by logp descending.
+Expander = Callable[[list[torch.Tensor], list[int]], list[list[Edge]]]
+
+_EXPAND, _EDGE = 0, 1
+
+
+def grow_best_first(
+    root: torch.Tensor, budget: int, expand: Expander, gamma: Sequence[float] | None = None
+) -> DraftTree:
+    """Best-first tree growth under a node budget (DDTree's heap, arXiv 2604.12989, over commits).
+
+    A node's score is the sum over its path of gamma[depth] * edge.logp (gamma = 1: the path's
+    log-probability). A heap pops the best frontier item; popping a candidate edge adds its child
+    node and pushes (a) the next sibling (same parent, next-ranked edge) and (b) the child's first
+    child. Departure from DDTree: edges come from a model that must run per node, so (b) is pushed
+    as a placeholder keyed by the child's own score, an upper bound on any descendant's (every
+    weighted logp <= 0); when a placeholder reaches the top, every node still waiting is expanded
+    in one batched `expand` call. The pop order, and so the tree, is exactly best-first.
+    A child whose state is already in the tree (another commit order) is skipped.
+
+    Args:
+        root: [K] the current state.
+        gamma: per-depth weights (the last repeats); None means 1 at every depth.
+    """
+    states, parents, score, depth = [root], [()], [0.0], [0]
+    seen = {tuple(root.tolist())}
+    edges: dict[int, list[Edge]] = {}
+    heap: list[tuple[float, int, int, int, int]] = [(-0.0, 0, _EXPAND, 0, 0)]  # (-score, tiebreak, kind, node, rank)
+    tiebreak = 1
+
+    def weight(d: int) -> float:
+        return 1.0 if not gamma else gamma[min(d, len(gamma) - 1)]
+
+    def push_edge(node: int, rank: int) -> None:
+        nonlocal tiebreak
+        if rank < len(edges[node]):
+            s = score[node] + weight(depth[node]) * edges[node][rank].logp
+            heapq.heappush(heap, (-s, tiebreak, _EDGE, node, rank))
+            tiebreak += 1
+
+    while heap and len(states) - 1 < budget:
+        neg, _, kind, node, rank = heapq.heappop(heap)
+        if kind == _EXPAND:
+            if node not in edges:
+                waiting = [node] + [item[3] for item in heap if item[2] == _EXPAND and item[3] not in edges]
+                for n, ranked in zip(waiting, expand([states[n] for n in waiting], [depth[n] for n in waiting]), strict=True):
+                    edges[n] = ranked
+            push_edge(node, 0)
+            continue
+        push_edge(node, rank + 1)
+        edge = edges[node][rank]
+        child = states[node].clone()
+        child[edge.position] = edge.token
+        key = tuple(child.tolist())
+        if key in seen:
+            continue
+        seen.add(key)
+        states.append(child)
+        parents.append((node,))
+        score.append(-neg)
+        depth.append(depth[node] + 1)
+        heapq.heappush(heap, (neg, tiebreak, _EXPAND, len(states) - 1, 0))
+        tiebreak += 1
+    return DraftTree(states=torch.stack(states), parents=tuple(parents))

@@ -2,7 +2,7 @@ import math
 
 import torch
 
-from spot.noise import gumbel, step_key
+from spot.noise import gumbel, gumbel_at, step_key
 
 
 def test_same_key_same_noise_and_distinct_keys_differ():
@@ -31,3 +31,11 @@ def test_gumbel_max_samples_the_softmax():
     for step in range(4000):
         counts[torch.argmax(logits + gumbel(step_key(0, 0, 0, step), 1, 3)[0])] += 1
     assert torch.allclose(counts / counts.sum(), torch.softmax(logits, 0).float(), atol=0.03)
+
+
+def test_noise_at_chosen_tokens_equals_the_full_tensor():
+    key = step_key(3, 1, 4, 1)
+    full = gumbel(key, 8, 50)
+    positions = torch.tensor([[0, 0], [5, 5], [7, 7]])
+    tokens = torch.tensor([[3, 49], [0, 17], [2, 8]])
+    assert torch.equal(gumbel_at(key, positions, tokens), full[positions, tokens])

@@ -1,7 +1,39 @@
+"""Draft trees and best-first growth on hand-written scores: exact expected trees."""
+
+import math
+
 import pytest
 import torch
 
-from spot.tree import DraftTree
+from spot.tree import DraftTree, Edge, grow_best_first
+
+M = 9
+
+EDGES = {  # state -> ranked edges (position, token, probability)
+    (M, M, M): [(0, 1, 0.6), (1, 2, 0.3), (2, 3, 0.1)],
+    (1, M, M): [(1, 2, 0.9), (2, 3, 0.1)],
+    (M, 2, M): [(0, 1, 0.5), (2, 3, 0.5)],
+    (M, M, 3): [(0, 1, 1.0)],
+    (1, 2, M): [(2, 3, 1.0)],
+    (1, M, 3): [(1, 2, 1.0)],
+    (M, 2, 3): [(0, 1, 1.0)],
+    (1, 2, 3): [],
+}
+
+
+class LiteralExpander:
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, states, depths):
+        self.calls.append([tuple(s.tolist()) for s in states])
+        return [[Edge(p, v, math.log(q)) for p, v, q in EDGES[tuple(s.tolist())]] for s in states]
+
+
+def grow(budget, gamma=None):
+    expander = LiteralExpander()
+    tree = grow_best_first(torch.tensor([M, M, M]), budget, expander, gamma)
+    return [tuple(s) for s in tree.states.tolist()], tree.parents, expander
 
 
 def test_root_only_and_depths():
@@ -18,3 +50,34 @@ def test_root_only_and_depths():
 def test_malformed_trees_are_refused(parents, message):
     with pytest.raises(ValueError, match=message):
         DraftTree(torch.zeros(2, 3, dtype=torch.long), parents)
+
+
+def test_best_first_pops_paths_in_probability_order():
+    # Path probabilities: A .6, AB .54, ABC .54, B .3, BA dup, BC .15, AC .06, C .1 ...
+    states, parents, _ = grow(4)
+    assert states == [(M, M, M), (1, M, M), (1, 2, M), (1, 2, 3), (M, 2, M)]
+    assert parents == ((), (0,), (1,), (2,), (0,))
+
+
+def test_a_state_reached_by_another_order_costs_no_budget():
+    states, parents, _ = grow(6)
+    # After B (.3): BA = (1, 2, M) is already in the tree and is skipped; BC (.15) and C (.1) follow.
+    assert states[5:] == [(M, 2, 3), (M, M, 3)]
+    assert parents[5:] == ((4,), (0,))
+    assert len(set(states)) == len(states)
+
+
+def test_budget_zero_is_the_root_and_waiting_nodes_expand_in_one_batch():
+    states, _, expander = grow(0)
+    assert states == [(M, M, M)] and expander.calls == []
+    _, _, expander = grow(4)
+    assert expander.calls[0] == [(M, M, M)]
+    assert sum(len(c) for c in expander.calls) == len({s for c in expander.calls for s in c})  # no node twice
+
+
+def test_gamma_flattens_a_depth_and_changes_the_tree():
+    # gamma 0.1 at depth 0 flattens the root's choices to A .95, B .89, C .79, so B now comes
+    # before AB (.95 * .9 = .86), which is followed by ABC (.86) ahead of C.
+    states, parents, _ = grow(4, gamma=[0.1, 1.0])
+    assert states == [(M, M, M), (1, M, M), (M, 2, M), (1, 2, M), (1, 2, 3)]
+    assert parents == ((), (0,), (0,), (1,), (3,))
