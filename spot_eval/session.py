@@ -1,0 +1,104 @@
+"""One `lm_eval --model spot` run: per-request records in, summary tables and artifacts out.
+
+The model adds a `RequestRecord` per request; after lm-eval has scored the outputs, `finish`
+writes the per-sample JSONL and the summary, and reports divergences (nothing is lost: the files
+are written before a divergence ends the run with a non-zero exit).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from spot_eval.lossless import MethodRecord
+
+
+@dataclass(frozen=True)
+class RequestRecord:
+    task: str | None
+    doc_id: int | None
+    repeat: int
+    request: int
+    prompt_sha256: str
+    text: str
+    methods: list[MethodRecord]  # draft_free first
+
+    def rows(self) -> list[dict]:
+        """One flat row per method, as written to samples.jsonl."""
+        out = []
+        for m in self.methods:
+            row = {"task": self.task, "doc_id": self.doc_id, "repeat": self.repeat, "request": self.request,
+                   "prompt_sha256": self.prompt_sha256, "label": m.label, **asdict(m)}
+            row["tokens"] = len(m.token_ids)
+            row["lossless"] = m.lossless
+            out.append(row)
+        return out
+
+
+class Session:
+    def __init__(self, args, fingerprints: dict, out_dir: str | Path | None = None) -> None:
+        self.args = args
+        self.fingerprints = fingerprints
+        self.records: list[RequestRecord] = []
+        self.out_dir = Path(out_dir or Path("spot-eval-runs") / time.strftime("%Y%m%d-%H%M%S"))
+
+    def add(self, record: RequestRecord) -> None:
+        self.records.append(record)
+
+    def frame(self) -> pd.DataFrame:
+        return pd.DataFrame([row for r in self.records for row in r.rows()])
+
+    def summary(self) -> pd.DataFrame:
+        """Per task and method: sums over the same requests, ratios against draft-free."""
+        df = self.frame()
+        if df.empty:
+            return df
+        df["accepted_mean"] = df["accepted_lengths"].map(lambda a: sum(a) / max(len(a), 1))
+        grouped = df.groupby(["task", "label"], sort=False).agg(
+            requests=("request", "size"), tokens=("tokens", "sum"), forwards=("forwards", "sum"),
+            seconds=("seconds", "sum"), drafter_seconds=("drafter_seconds", "sum"),
+            lossless=("lossless", "mean"), accepted_mean=("accepted_mean", "mean"),
+        ).reset_index()
+        base = grouped[grouped["label"] == "draft_free"].set_index("task")
+        grouped["forward_ratio"] = grouped["task"].map(base["forwards"]) / grouped["forwards"]
+        grouped["throughput_ratio"] = grouped["task"].map(base["seconds"]) / grouped["seconds"]
+        grouped["tokens_per_forward"] = grouped["tokens"] / grouped["forwards"]
+        return grouped
+
+    def divergences(self) -> list[dict]:
+        return [
+            {"task": r.task, "doc_id": r.doc_id, "repeat": r.repeat, "method": m.label,
+             "index": m.divergence.index, "margin": m.divergence.margin}
+            for r in self.records for m in r.methods if m.divergence is not None
+        ]
+
+    def flush(self) -> Path:
+        """Write what is known so far (called after every generate_until batch)."""
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        path = self.out_dir / "samples.jsonl"
+        with path.open("w") as f:
+            for r in self.records:
+                for row in r.rows():
+                    f.write(json.dumps(row) + "\n")
+        self.summary().to_csv(self.out_dir / "summary.csv", index=False)
+        return path
+
+    def finish(self, results: dict | None) -> None:
+        """After lm-eval scored the outputs: write everything, print the table, then gate."""
+        self.flush()
+        if results is not None:
+            (self.out_dir / "lm_eval_results.json").write_text(json.dumps(results, indent=2, default=str))
+        table = self.summary()
+        if not table.empty:
+            columns = ["task", "label", "requests", "forward_ratio", "throughput_ratio", "tokens_per_forward", "lossless"]
+            print(table[columns].to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+        print(f"spot-eval: samples and summary in {self.out_dir}")
+        bad = self.divergences()
+        if bad and self.args.fail_on_divergence:
+            lines = [f"  {d['task']} doc {d['doc_id']} (repeat {d['repeat']}) {d['method']}: first divergent token "
+                     f"{d['index']}, logit margin {d['margin']}" for d in bad]
+            raise SystemExit("spot-eval: outputs diverged from draft-free decoding:\n" + "\n".join(lines))
