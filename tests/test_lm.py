@@ -1,0 +1,141 @@
+"""`lm_eval --model spot`: the real console script, the model contract, and the losslessness diff."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import write_checkpoint
+from lm_eval.api.instance import Instance
+
+from spot import DecodeConfig, generate
+from spot_eval.lm import SpotArgs, SpotLM
+from spot_eval.lossless import diverge, first_difference
+from spot_eval.methods import parse_methods
+
+REPO = Path(__file__).resolve().parents[1]
+OFFLINE = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory) -> str:
+    return str(write_checkpoint(tmp_path_factory.mktemp("lm") / "ckpt"))
+
+
+def test_the_real_lm_eval_console_script_runs_spot(checkpoint, tmp_path):
+    lm_eval = shutil.which("lm_eval", path=str(Path(os.sys.executable).parent))
+    args = f"pretrained={checkpoint},methods=oracle+random,budgets=4,gen_length=32,device=cpu,temperature=1.0"
+    run = subprocess.run(
+        [lm_eval, "--model", "spot", "--model_args", args, "--tasks", "spot_gsm8k", "--include_path", str(REPO / "tasks"),
+         "--limit", "2", "--output_path", str(tmp_path / "out")],
+        capture_output=True, text=True, env=OFFLINE, cwd=tmp_path, timeout=600,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    results = json.loads(next((tmp_path / "out").rglob("results_*.json")).read_text())
+    assert "exact_match,strict-match" in results["results"]["spot_gsm8k"]
+    assert results["config"]["spot"]["methods"] == ["oracle@4", "random@4"]
+    samples = [json.loads(line) for line in next(tmp_path.glob("spot-eval-runs/*/samples.jsonl")).open()]
+    assert {s["label"] for s in samples} == {"draft_free", "oracle@4", "random@4"}
+    assert all(s["lossless"] for s in samples) and len(samples) == 6
+
+
+def test_bad_model_args_are_one_clear_line(checkpoint, tmp_path):
+    lm_eval = shutil.which("lm_eval", path=str(Path(os.sys.executable).parent))
+    run = subprocess.run(
+        [lm_eval, "--model", "spot", "--model_args", f"pretrained={checkpoint},methods=nope,device=cpu",
+         "--tasks", "spot_gsm8k", "--include_path", str(REPO / "tasks"), "--limit", "1"],
+        capture_output=True, text=True, env=OFFLINE, cwd=tmp_path, timeout=300,
+    )
+    assert run.returncode == 2
+    assert "error: unknown method 'nope'" in run.stderr and "Traceback" not in run.stderr
+
+
+def make_lm(checkpoint: str, **overrides) -> SpotLM:
+    args = {"pretrained": checkpoint, "methods": "oracle+random", "budgets": "3", "gen_length": 32, "device": "cpu"}
+    return SpotLM(**{**args, **overrides})
+
+
+def request(context: str, doc_id: int, until=("t5",)) -> Instance:
+    return Instance("generate_until", {}, (context, {"until": list(until), "max_gen_toks": 32}), 0, ("task", doc_id, 2))
+
+
+def test_generate_until_returns_the_draft_free_text_cut_at_until(checkpoint, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    lm = make_lm(checkpoint, temperature=0.0)
+    context = "t1 t2 t3 t4 t7 t9"
+    ids = lm.target.tokenizer(context, add_special_tokens=False)["input_ids"]
+    full = generate(lm.target, ids, DecodeConfig(block_length=16, gen_length=32), decode=lm.target.tokenizer.decode)
+    stop = full.text.split()[3]
+    [text] = lm.generate_until([request(context, 0, until=(stop,))])
+    assert text == full.text[: full.text.find(stop)]
+    rows = lm.session.frame()
+    assert set(rows["label"]) == {"draft_free", "oracle@3", "random@3"} and rows["lossless"].all()
+
+
+def test_repeats_differ_but_reproduce_from_the_seed(checkpoint, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    req = request("t1 t2 t3", 7, until=())
+    first = make_lm(checkpoint, temperature=1.0, seed=3, methods="", budgets="").generate_until([req, req, req])
+    again = make_lm(checkpoint, temperature=1.0, seed=3, methods="", budgets="").generate_until([req, req, req])
+    assert first == again
+    assert len(set(first)) > 1  # the same Instance three times gets three different draws
+
+
+def test_the_cache_hook_sees_every_request_and_model_info_names_the_config(checkpoint, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    lm = make_lm(checkpoint)
+    seen = []
+    lm.cache_hook.add_partial = lambda attr, args, res: seen.append((attr, args[0], res))
+    out = lm.generate_until([request("t1 t2", 0), request("t3 t4", 1)])
+    assert [s[2] for s in seen] == out and seen[0][0] == "generate_until"
+    info = lm.get_model_info()["spot"]
+    assert info["decoder"]["block_length"] == 16 and info["methods"] == ["oracle@3", "random@3"]
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"methods": "spott"}, "unknown method 'spott'"),
+        ({"methods": "", "budgets": "8"}, "budgets=8 given without a drafter-based method"),
+        ({"gen_length": 8}, "gen_length 8 is below one block"),
+        ({"methods": "spot", "spot_gamma": ""}, r"list items are joined with '\+'"),
+        ({"methods": "oracle@0"}, "budget must be >= 1"),
+        ({"methods": "spot:/nowhere.pt"}, "does not exist"),
+        ({"dtype": "int4"}, "unknown dtype"),
+    ],
+)
+def test_bad_model_args(checkpoint, overrides, message):
+    with pytest.raises((ValueError, FileNotFoundError), match=message):
+        make_lm(checkpoint, **overrides)
+
+
+def test_cuda_falls_back_to_cpu_with_a_warning(checkpoint):
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is available here")
+    with pytest.warns(UserWarning, match="CUDA is not available; running on CPU"):
+        lm = make_lm(checkpoint, device="cuda:0", methods="", budgets="")
+    assert lm.target.device.type == "cpu"
+
+
+def test_method_items_expand_over_budgets():
+    specs = parse_methods("oracle+random@2", "8+20")
+    assert [s.label for s in specs] == ["oracle@8", "oracle@20", "random@2"]
+    assert SpotArgs.parse({"reference": "False"}).reference is False
+
+
+def test_first_difference_and_the_margin_at_a_divergence(checkpoint):
+    assert first_difference((1, 2, 3), (1, 2, 3)) is None
+    assert first_difference((1, 9, 3), (1, 2, 3)) == 1
+    assert first_difference((1, 2), (1, 2, 3)) == 2
+    lm = make_lm(checkpoint, methods="", budgets="")
+    ids = [1, 2, 3]
+    reference = generate(lm.target, ids, DecodeConfig(block_length=16, gen_length=20), record=True, record_topk=2)
+    assert diverge(reference.token_ids, reference, len(ids)) is None
+    wrong = (reference.token_ids[0], reference.token_ids[1] + 1, *reference.token_ids[2:])
+    d = diverge(wrong, reference, len(ids))
+    assert d.index == 1 and d.margin is not None and d.margin >= 0
