@@ -90,8 +90,20 @@ def build_drafter(spec: MethodSpec, target, policy: str, reference=None) -> Draf
             f"no {spec.name} drafter at {path}: none ships for block length {target.block_length}; "
             f"train one (spot-eval train-drafter / spiffy-calibrate) and pass {spec.name}:PATH"
         )
-    return _load_learned(spec.name, path, target, policy)
+    if spec.name == "spiffy":
+        from spot.drafters.spiffy import SpiffyDrafter
+        from spot_eval.spiffy_calibrate import graph_for_target
 
+        # Spiffy's budget is D*, the nodes its online pruning keeps (the whole graph when larger).
+        return SpiffyDrafter(graph_for_target(target, policy, path), prune_to=spec.budget)
+    from spot.drafters.spot import SpotDrafter
+    from spot_eval.drafter_checkpoint import check_fingerprint, load_checkpoint, target_fingerprint
 
-def _load_learned(name: str, path: Path, target, policy: str) -> Drafter:
-    raise NotImplementedError(f"{name} drafters arrive with their issues")
+    checkpoint = load_checkpoint(path)
+    check_fingerprint(checkpoint.fingerprint, target_fingerprint(target, policy))
+    gamma = None
+    if spec.name == "spot_gamma":
+        if checkpoint.gamma is None:
+            raise ValueError(f"{path} holds no fitted gamma; fit one with spot-eval fit-gamma before using spot_gamma")
+        gamma = checkpoint.gamma if isinstance(checkpoint.gamma, (list, tuple)) else [checkpoint.gamma]
+    return SpotDrafter(checkpoint.model.to(target.device), gamma=gamma, name=spec.name)

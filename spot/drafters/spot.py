@@ -35,8 +35,12 @@ class SpotDrafter:
     def draft(self, ctx: DraftContext) -> DraftTree:
         if ctx.stale_logits is None:  # a block's first step: no distribution of this block yet
             return DraftTree.root_only(ctx.state)
+        return self.grow(ctx, *topk_logprobs(ctx.stale_logits, self.model.config.topk, ctx.mask_id))
+
+    @torch.inference_mode()
+    def grow(self, ctx: DraftContext, lp: torch.Tensor, ids: torch.Tensor) -> DraftTree:
+        """The tree from the stale top-k (lp, ids: [K, k]); also used offline on recorded trajectories."""
         device = next(self.model.parameters()).device
-        lp, ids = topk_logprobs(ctx.stale_logits, self.model.config.topk, ctx.mask_id)  # [K, k] each
         lp, ids = lp.to(device), ids.to(device)
         temperature = ctx.config.sampling.temperature
         root_masked = (ctx.state == ctx.mask_id).to(device)  # [K]

@@ -1,0 +1,113 @@
+"""Target-forward reduction and wall-clock throughput of each method against draft-free decoding.
+
+Every prompt is decoded draft-free and by every method in one process, interleaved per prompt
+(the order rotates from prompt to prompt so that drift in machine state spreads evenly). Ratios
+are of sums over the same prompts: forwards(draft-free) / forwards(method) and seconds(draft-free)
+/ seconds(method). Each method's tokens are checked against draft-free (lossless must be 1.0).
+With several seeds the JSON gives mean and std over seeds. Prints one JSON line (a table on stderr).
+
+Usage: python bench/speedup.py --prompts 50 --block 32 --gen 256 --temperature 0 --seeds 0
+           --methods spot@8+spot@20+spiffy@3+spiffy@10 [--task gsm8k] [--target DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+
+import pandas as pd
+import torch
+
+from spot import DecodeConfig, Sampling, generate
+from spot_eval.datasets import load
+from spot_eval.decode import encode_prompt, load_target
+from spot_eval.methods import build_drafter, parse_methods
+from spot_eval.paths import EMBEDDED_TARGET
+
+PROMPT_FIELDS = {"gsm8k_test": "question", "math500_test": "problem", "humaneval_test": "prompt"}
+
+
+def prompts_for(task: str, n: int) -> list[str]:
+    name = f"{task}_test"
+    return [row[PROMPT_FIELDS[name]] for row in load(name)[:n]]
+
+
+def run_seed(target, prompts: list[list[int]], config: DecodeConfig, specs, seed: int) -> pd.DataFrame:
+    config = DecodeConfig(**{**config.__dict__, "seed": seed})
+    drafters = {s.label: build_drafter(s, target, config.policy) for s in specs}
+    rows = []
+    for i, ids in enumerate(prompts):
+        labels = ["draft_free", *drafters]
+        labels = labels[i % len(labels) :] + labels[: i % len(labels)]
+        results = {}
+        for label in labels:
+            spec = next((s for s in specs if s.label == label), None)
+            cfg = config if spec is None else DecodeConfig(**{**config.__dict__, "budget": spec.budget})
+            results[label] = generate(target, ids, cfg, drafter=drafters.get(label), request=i)
+        for label, g in results.items():
+            s = g.stats
+            rows.append({
+                "seed": seed, "prompt": i, "label": label, "tokens": len(g.token_ids), "forwards": s.forwards,
+                "seconds": s.seconds, "drafter_seconds": s.drafter_seconds, "target_seconds": s.target_seconds,
+                "accepted_mean": sum(s.accepted_lengths) / len(s.accepted_lengths),
+                "lossless": g.token_ids == results["draft_free"].token_ids,
+            })
+    return pd.DataFrame(rows)
+
+
+def summarise(df: pd.DataFrame) -> pd.DataFrame:
+    sums = df.groupby(["seed", "label"]).agg(
+        forwards=("forwards", "sum"), seconds=("seconds", "sum"), tokens=("tokens", "sum"),
+        drafter_seconds=("drafter_seconds", "sum"), accepted_mean=("accepted_mean", "mean"), lossless=("lossless", "mean"),
+    ).reset_index()
+    base = sums[sums.label == "draft_free"].set_index("seed")
+    sums["forward_ratio"] = base.loc[sums.seed, "forwards"].to_numpy() / sums.forwards
+    sums["throughput_ratio"] = base.loc[sums.seed, "seconds"].to_numpy() / sums.seconds
+    sums["tokens_per_forward"] = sums.tokens / sums.forwards
+    sums["drafter_share"] = sums.drafter_seconds / sums.seconds
+    return sums
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--target", default=str(EMBEDDED_TARGET))
+    parser.add_argument("--task", default="gsm8k", choices=["gsm8k", "math500", "humaneval"])
+    parser.add_argument("--prompts", type=int, default=50)
+    parser.add_argument("--block", type=int, default=32)
+    parser.add_argument("--gen", type=int, default=256)
+    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--seeds", default="0", help="e.g. 0+1+2")
+    parser.add_argument("--methods", default="spot@8+spot@20+spiffy@3+spiffy@10")
+    parser.add_argument("--unmasking", default="single")
+    parser.add_argument("--device", default="cpu")
+    args = parser.parse_args()
+    torch.set_grad_enabled(False)
+    target = load_target(args.target, args.block, args.device)
+    prompts = [encode_prompt(target, p, chat=True) for p in prompts_for(args.task, args.prompts)]
+    config = DecodeConfig(policy=args.unmasking, block_length=args.block, gen_length=args.gen,
+                          sampling=Sampling(temperature=args.temperature))
+    specs = parse_methods(args.methods, "")
+    generate(target, prompts[0], DecodeConfig(**{**config.__dict__, "gen_length": args.block}))  # warm-up
+    seeds = [int(s) for s in args.seeds.split("+")]
+    df = pd.concat([run_seed(target, prompts, config, specs, seed) for seed in seeds])
+    sums = summarise(df)
+    print(sums.to_string(index=False, float_format=lambda x: f"{x:.3f}"), file=sys.stderr)
+    methods = {}
+    for label, group in sums.groupby("label", sort=False):
+        entry = {}
+        for column in ("forward_ratio", "throughput_ratio", "tokens_per_forward", "drafter_share", "accepted_mean", "lossless"):
+            values = group[column].tolist()
+            entry[column] = {"mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0}
+        entry["forwards"] = int(group.forwards.sum())
+        methods[label] = entry
+    print(json.dumps({
+        "bench": "speedup", "target": args.target, "task": args.task, "prompts": len(prompts), "block": args.block,
+        "gen": args.gen, "temperature": args.temperature, "seeds": seeds, "unmasking": args.unmasking,
+        "device": args.device, "methods": methods,
+    }))
+
+
+if __name__ == "__main__":
+    main()
