@@ -1,0 +1,47 @@
+"""SPOT-gamma's replay reproduces the engine's walk exactly, and the fit never loses to plain SPOT."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import VOCAB, tiny_target
+
+from spot import DecodeConfig, Sampling, generate
+from spot.drafters.gamma import fit_gamma, replay
+from spot.drafters.order_examples import RecordedBlock
+from spot.drafters.order_model import OrderModel
+from spot.drafters.spot import SpotDrafter
+
+
+def recorded(target, prompts, config):
+    blocks = []
+    for request, ids in enumerate(prompts):
+        g = generate(target, ids, config, request=request, record=True, record_topk=32)
+        for t in g.trajectory:
+            blocks.append(RecordedBlock(t.states, t.topk_logprobs, t.topk_ids, target.mask_id, config.seed,
+                                        request, t.block, config.sampling.temperature))
+    return blocks
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_replay_equals_the_engine(temperature):
+    target = tiny_target(16, seed=4, eos_ids=frozenset())
+    torch.manual_seed(0)
+    drafter = SpotDrafter(OrderModel(), gate=0.9)
+    config = DecodeConfig(block_length=16, gen_length=40, sampling=Sampling(temperature), seed=2)
+    prompts = [torch.randint(0, VOCAB - 2, (n,)).tolist() for n in (5, 19)]
+    steps = forwards = 0
+    for request, ids in enumerate(prompts):
+        g = generate(target, ids, DecodeConfig(**{**config.__dict__, "budget": 6}), drafter=drafter, request=request)
+        steps, forwards = steps + g.stats.steps, forwards + g.stats.forwards
+    assert replay(drafter, recorded(target, prompts, config), budget=6) == pytest.approx(steps / forwards, abs=1e-12)
+
+
+def test_the_fit_is_at_least_plain_spot():
+    target = tiny_target(16, seed=5, eos_ids=frozenset())
+    torch.manual_seed(1)
+    drafter = SpotDrafter(OrderModel(), gate=0.9)
+    blocks = recorded(target, [list(range(1, 9))], DecodeConfig(block_length=16, gen_length=32))
+    fit = fit_gamma(drafter, blocks, budget=4, roots=(0.5, 1.0), slopes=(1.0, 1.25))
+    assert len(fit.grid) == 4 and fit.commits_per_forward >= fit.baseline_commits_per_forward
+    assert fit.commits_per_forward == max(row[2] for row in fit.grid)

@@ -1,0 +1,246 @@
+"""Tracking against real MLflow stores, no mocks: the embedded sqlite store, a real `mlflow server` in a
+subprocess, a server that is down from the start, and one killed mid-run; the last two go through the
+spool and `spot-eval sync`, and every run is read back with `MlflowClient`."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from mlflow import MlflowClient
+
+from spot_eval.cli import main
+from spot_eval.tracking import NullTracker, Spool, Tracker, TrackingConfig, open_tracker, resume, safe_name
+
+ROOT = Path(__file__).resolve().parents[1]
+ACCURACY = "gsm8k/exact_match_strict-match"  # safe_name("gsm8k/exact_match,strict-match")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """A real `mlflow server` on 127.0.0.1 with an sqlite backend and proxied local artifacts under
+    `root`; it can be killed and restarted on the same backend and port."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.port = _free_port()
+        self.uri = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        command = [
+            str(Path(sys.executable).with_name("mlflow")), "server", "--host", "127.0.0.1",
+            "--port", str(self.port), "--workers", "1",
+            "--backend-store-uri", f"sqlite:///{self.root / 'backend.db'}",
+            "--artifacts-destination", str(self.root / "artifacts"),
+        ]  # fmt: skip
+        # No job runner: one process group less to start and to kill.
+        env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+        with (self.root / "server.log").open("ab") as log:
+            # Its own session, so that stop() can kill the server and its uvicorn child as one group.
+            self.proc = subprocess.Popen(command, stdout=log, stderr=log, env=env, start_new_session=True)
+        deadline = time.monotonic() + 150  # a cold start takes ~20 s on a loaded 2-core machine
+        while time.monotonic() < deadline and self.proc.poll() is None:
+            try:
+                with urllib.request.urlopen(self.uri + "/health", timeout=1):
+                    return
+            except OSError:
+                time.sleep(0.3)
+        self.stop()
+        pytest.fail(f"mlflow server did not come up: {(self.root / 'server.log').read_text()[-2000:]}")
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=30)
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            self.kill()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory):
+    server = Server(tmp_path_factory.mktemp("mlflow-server"))
+    server.start()
+    yield server
+    server.stop()
+
+
+def _log_evaluation(tracker: Tracker, files: Path, midway: Callable[[], None] = lambda: None) -> str:
+    """What an evaluation logs: params, a draft-free and a speculative nested run, and the accuracy
+    that lm-eval computes after generation, logged by run id. `midway` runs between two steps."""
+    (files / "plots").mkdir()
+    (files / "plots" / "accepted_lengths.png").write_bytes(b"\x89PNG fake")
+    (files / "samples.jsonl").write_text('{"doc_id": 0, "output": "42"}\n')
+    (files / "results.json").write_text('{"results": {"gsm8k": {"exact_match,strict-match": 0.25}}}')
+    tracker.log_params({"model_args": "target=toy,budget=8", "lm_eval_version": "0.4.13"})
+    with tracker.child("draft_free") as run:
+        run.log_metrics({"gsm8k/target_forwards": 120.0})
+        run.log_artifact(files / "samples.jsonl", "samples")
+    spot = tracker.child("spot@8")
+    spot.log_params({"budget": 8})
+    spot.log_metrics({"gsm8k/accepted_length_mean": 2.0}, step=0)
+    midway()
+    spot.log_metrics({"gsm8k/accepted_length_mean": 3.0, "gsm8k/throughput_ratio": 1.5}, step=1)
+    spot.log_artifact(files / "plots")
+    spot.end()
+    run_id = tracker.run_id
+    assert run_id is not None
+    resume(run_id).log_metrics({"gsm8k/exact_match,strict-match": 0.25})
+    resume(run_id).log_artifact(files / "results.json")
+    resume(run_id).end()
+    return run_id
+
+
+def _check_evaluation(client: MlflowClient, run_id: str, tmp_path: Path) -> None:
+    """Everything `_log_evaluation` logged is in the run `run_id` and its nested runs."""
+    parent = client.get_run(run_id)
+    assert parent.info.status == "FINISHED" and parent.info.run_name == "spot-eval"
+    assert parent.data.params["model_args"] == "target=toy,budget=8" and "git_commit" in parent.data.params
+    assert parent.data.metrics == {ACCURACY: 0.25}
+    results = client.download_artifacts(run_id, "results.json", str(tmp_path))
+    assert "exact_match,strict-match" in Path(results).read_text()
+    nested = client.search_runs([parent.info.experiment_id], f"tags.mlflow.parentRunId = '{run_id}'")
+    runs = {run.info.run_name: run for run in nested}
+    assert set(runs) == {"draft_free", "spot@8"}
+    assert all(run.info.status == "FINISHED" for run in nested)
+    draft_free, spot = runs["draft_free"].info.run_id, runs["spot@8"].info.run_id
+    assert runs["draft_free"].data.metrics == {"gsm8k/target_forwards": 120.0}
+    assert [a.path for a in client.list_artifacts(draft_free, "samples")] == ["samples/samples.jsonl"]
+    assert runs["spot@8"].data.params == {"budget": "8"}
+    history = client.get_metric_history(spot, "gsm8k/accepted_length_mean")
+    assert sorted((m.step, m.value) for m in history) == [(0, 2.0), (1, 3.0)]
+    assert [a.path for a in client.list_artifacts(spot, "plots")] == ["plots/accepted_lengths.png"]
+
+
+def _only_entry(spool: Path) -> Path:
+    (entry,) = spool.iterdir()
+    return entry
+
+
+def _synced_run_id(output: str) -> str:
+    match = re.search(r"^synced \S+: run ([0-9a-f]{32}) ", output, re.MULTILINE)
+    assert match, output
+    return match.group(1)
+
+
+def test_names_are_made_mlflow_safe():
+    assert safe_name("gsm8k/exact_match,strict-match") == ACCURACY
+    assert safe_name("/a//b/../c.d e:f") == "a/b/c.d e_f"
+    assert safe_name("..") == "_"
+
+
+def test_tracking_off_is_a_null_tracker_at_every_call_site():
+    tracker = open_tracker(None)
+    assert isinstance(tracker, NullTracker) and tracker.run_id is None
+    with tracker.child("spot@8") as run:
+        run.log_metrics({"x": 1.0})
+    assert isinstance(resume(tracker.run_id), NullTracker)
+
+
+def test_default_store_is_sqlite_in_the_working_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "files").mkdir()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run_id = _log_evaluation(open_tracker(TrackingConfig()), tmp_path / "files")
+    assert not [w for w in caught if "spool" in str(w.message)]
+    _check_evaluation(MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}"), run_id, tmp_path)
+    assert list((tmp_path / "spot-eval-spool").iterdir()) == []  # no outage: the spool entry is gone
+    with pytest.raises(KeyError, match="no open run"):
+        resume(run_id)
+
+
+def test_server_round_trip(server, tmp_path):
+    (tmp_path / "files").mkdir()
+    spool = tmp_path / "spool"
+    config = TrackingConfig(tracking_uri=server.uri, experiment="round-trip", spool_dir=str(spool))
+    run_id = _log_evaluation(open_tracker(config), tmp_path / "files")
+    _check_evaluation(MlflowClient(server.uri), run_id, tmp_path)
+    assert list(spool.iterdir()) == []
+
+
+def test_outage_from_the_start_spools_then_sync_replays_it(server, tmp_path, capsys):
+    (tmp_path / "files").mkdir()
+    spool, dead = tmp_path / "spool", f"http://127.0.0.1:{_free_port()}"
+    config = TrackingConfig(tracking_uri=dead, experiment="outage", spool_dir=str(spool))
+    started = time.monotonic()
+    with pytest.warns(RuntimeWarning, match=r"unreachable.*spool.*spot-eval sync"):
+        spooled_id = _log_evaluation(open_tracker(config), tmp_path / "files")
+    assert time.monotonic() - started < 10
+    assert spooled_id.startswith("spool:")
+    records = Spool.read(_only_entry(spool))
+    assert [r["op"] for r in records].count("start") == 3 and records[1]["op"] == "outage"
+
+    # The server is still unreachable: a clear error, exit status 2, and the spool is kept.
+    with pytest.raises(SystemExit) as exit_info:
+        main(["sync", "--spool", str(spool)])
+    assert exit_info.value.code == 2 and "unreachable" in capsys.readouterr().err
+    assert (_only_entry(spool) / Spool.JOURNAL).exists()
+
+    command = [sys.executable, "-m", "spot_eval.cli", "sync", "--spool", str(spool), "--tracking-uri"]
+    done = subprocess.run([*command, server.uri], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert len(done.stdout.splitlines()) == 1
+    client = MlflowClient(server.uri)
+    run_id = _synced_run_id(done.stdout)
+    _check_evaluation(client, run_id, tmp_path)
+    # Metrics keep the timestamps they were logged with, not the time of the sync.
+    logged = next(r for r in records if r["op"] == "metrics" and ACCURACY in r["metrics"])
+    assert client.get_metric_history(run_id, ACCURACY)[0].timestamp == logged["time"]
+
+    main(["sync", "--spool", str(spool), "--tracking-uri", server.uri])
+    assert capsys.readouterr().out.startswith("nothing to sync")
+
+
+def test_sync_skips_an_entry_an_evaluation_is_still_writing(tmp_path, capsys):
+    config = TrackingConfig(tracking_uri=f"http://127.0.0.1:{_free_port()}", spool_dir=str(tmp_path))
+    with pytest.warns(RuntimeWarning, match="unreachable"):
+        tracker = open_tracker(config)
+    main(["sync", "--spool", str(tmp_path)])
+    assert "still writing" in capsys.readouterr().out
+    tracker.end()
+
+
+def test_server_killed_mid_run_loses_nothing(server, tmp_path, capsys):
+    (tmp_path / "files").mkdir()
+    spool = tmp_path / "spool"
+    config = TrackingConfig(tracking_uri=server.uri, experiment="killed", spool_dir=str(spool))
+    with pytest.warns(RuntimeWarning, match="unreachable"):
+        live_id = _log_evaluation(open_tracker(config), tmp_path / "files", midway=server.kill)
+
+    # The spool holds the whole run, the part logged before the kill included.
+    records = Spool.read(_only_entry(spool))
+    ops = [r["op"] for r in records]
+    assert ops.index("outage") > ops.index("params") and ops.count("artifact") == 3 and ops.count("end") == 3
+    assert records[ops.index("start")]["server_id"] == live_id
+
+    server.start()  # the same backend and port, so sync finds the URI recorded in the spool
+    main(["sync", "--spool", str(spool)])
+    run_id = _synced_run_id(capsys.readouterr().out)
+    client = MlflowClient(server.uri)
+    _check_evaluation(client, run_id, tmp_path)
+    partial = client.get_run(live_id)
+    assert partial.info.status == "FAILED" and partial.data.tags["spot_eval.superseded_by"] == run_id
+    assert list(spool.iterdir()) == []
