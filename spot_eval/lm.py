@@ -24,6 +24,7 @@ from spot_eval.lossless import MethodRecord
 from spot_eval.methods import MethodSpec, build_drafter, parse_methods
 from spot_eval.paths import EMBEDDED_TARGET
 from spot_eval.session import RequestRecord, Session
+from spot_eval.tracking import TrackingConfig, open_tracker
 
 
 def _flag(value: object) -> bool:
@@ -108,7 +109,10 @@ class SpotLM(LM):
         if self.specs and not self.args.reference:
             raise ValueError("reference=False leaves nothing to compare the methods with; drop methods or keep reference")
         self._drafters = {s.label: build_drafter(s, self.target, self.config.policy) for s in self.specs if not s.needs_reference}
-        self.session = Session(self.args, self._fingerprints())
+        tracker = open_tracker(TrackingConfig(self.args.mlflow_tracking_uri, self.args.mlflow_experiment))
+        tracker.log_params({**{f"model_args/{k}": v for k, v in asdict(self.args).items()},
+                            "lm_eval_version": _lm_eval_version(), **_flatten(self._fingerprints())})
+        self.session = Session(self.args, self._fingerprints(), tracker)
         self._repeat = Counter()
 
     # -- lm-eval contract --------------------------------------------------------------------------
@@ -214,3 +218,19 @@ def _config_dict(config: DecodeConfig) -> dict:
     d = asdict(config)
     d.pop("stop_strings")
     return d
+
+
+def _lm_eval_version() -> str:
+    from importlib.metadata import version
+
+    return version("lm_eval")
+
+
+def _flatten(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flatten(v, f"{prefix}{k}/"))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out

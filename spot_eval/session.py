@@ -15,6 +15,8 @@ from pathlib import Path
 import pandas as pd
 
 from spot_eval.lossless import MethodRecord
+from spot_eval.plots import accepted_histogram, throughput_bars
+from spot_eval.tracking import Tracker, safe_name
 
 
 @dataclass(frozen=True)
@@ -40,9 +42,10 @@ class RequestRecord:
 
 
 class Session:
-    def __init__(self, args, fingerprints: dict, out_dir: str | Path | None = None) -> None:
+    def __init__(self, args, fingerprints: dict, tracker: Tracker, out_dir: str | Path | None = None) -> None:
         self.args = args
         self.fingerprints = fingerprints
+        self.tracker = tracker
         self.records: list[RequestRecord] = []
         self.out_dir = Path(out_dir or Path("spot-eval-runs") / time.strftime("%Y%m%d-%H%M%S"))
 
@@ -88,17 +91,49 @@ class Session:
         return path
 
     def finish(self, results: dict | None) -> None:
-        """After lm-eval scored the outputs: write everything, print the table, then gate."""
+        """After lm-eval scored the outputs: write and log everything, print the table, then gate."""
         self.flush()
         if results is not None:
             (self.out_dir / "lm_eval_results.json").write_text(json.dumps(results, indent=2, default=str))
         table = self.summary()
+        self._log(table, results)
         if not table.empty:
             columns = ["task", "label", "requests", "forward_ratio", "throughput_ratio", "tokens_per_forward", "lossless"]
             print(table[columns].to_string(index=False, float_format=lambda x: f"{x:.3f}"))
         print(f"spot-eval: samples and summary in {self.out_dir}")
         bad = self.divergences()
+        self.tracker.end("FAILED" if bad and self.args.fail_on_divergence else "FINISHED")
         if bad and self.args.fail_on_divergence:
             lines = [f"  {d['task']} doc {d['doc_id']} (repeat {d['repeat']}) {d['method']}: first divergent token "
                      f"{d['index']}, logit margin {d['margin']}" for d in bad]
             raise SystemExit("spot-eval: outputs diverged from draft-free decoding:\n" + "\n".join(lines))
+
+    def _log(self, table: pd.DataFrame, results: dict | None) -> None:
+        """Accuracy on the parent run; per-method statistics on one nested run per method."""
+        tracker = self.tracker
+        for task, metrics in ((results or {}).get("results") or {}).items():
+            tracker.log_metrics({safe_name(f"{task}/{k}"): v for k, v in metrics.items()
+                                 if isinstance(v, (int, float)) and "stderr" not in k})
+        if results is not None:
+            tracker.log_params({safe_name(f"task_version/{t}"): v for t, v in (results.get("versions") or {}).items()})
+        frame = self.frame()
+        for label, rows in table.groupby("label", sort=False):
+            with tracker.child(label) as run:
+                for _, row in rows.iterrows():
+                    prefix = f"{row.task}/"
+                    run.log_metrics({
+                        safe_name(prefix + k): float(row[k]) for k in (
+                            "forward_ratio", "throughput_ratio", "tokens_per_forward", "lossless", "accepted_mean",
+                            "forwards", "seconds", "drafter_seconds", "tokens", "requests")
+                    })
+                lengths = [n for a in frame[frame.label == label].accepted_lengths for n in a]
+                if lengths:
+                    ordered = sorted(lengths)
+                    run.log_metrics({"accepted_length/mean": sum(lengths) / len(lengths),
+                                     "accepted_length/p50": float(ordered[len(ordered) // 2]),
+                                     "accepted_length/p90": float(ordered[int(0.9 * (len(ordered) - 1))])})
+        if not table.empty:
+            throughput_bars(table, self.out_dir / "throughput_ratio.png")
+            accepted_histogram(frame, self.out_dir / "accepted_lengths.png")
+        for path in sorted(self.out_dir.iterdir()):
+            tracker.log_artifact(path, "spot-eval")

@@ -12,6 +12,7 @@ import pytest
 import torch
 from conftest import write_checkpoint
 from lm_eval.api.instance import Instance
+from mlflow import MlflowClient
 
 from spot import DecodeConfig, generate
 from spot_eval.lm import SpotArgs, SpotLM
@@ -42,6 +43,19 @@ def test_the_real_lm_eval_console_script_runs_spot(checkpoint, tmp_path):
     samples = [json.loads(line) for line in next(tmp_path.glob("spot-eval-runs/*/samples.jsonl")).open()]
     assert {s["label"] for s in samples} == {"draft_free", "oracle@4", "random@4"}
     assert all(s["lossless"] for s in samples) and len(samples) == 6
+    # Everything landed in one MLflow run of the local store, accuracy included.
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
+    [parent] = client.search_runs(
+        [client.get_experiment_by_name("spot-eval").experiment_id], "tags.mlflow.runName = 'spot-eval'"
+    )
+    assert "spot_gsm8k/exact_match_strict-match" in parent.data.metrics
+    assert parent.data.params["model_args/methods"] == "oracle+random"
+    children = client.search_runs([parent.info.experiment_id], f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
+    by_name = {c.info.run_name: c.data.metrics for c in children}
+    assert set(by_name) == {"draft_free", "oracle@4", "random@4"}
+    assert by_name["oracle@4"]["spot_gsm8k/lossless"] == 1.0 and by_name["oracle@4"]["spot_gsm8k/forward_ratio"] > 1.0
+    artifacts = {a.path for a in client.list_artifacts(parent.info.run_id, "spot-eval")}
+    assert {"spot-eval/samples.jsonl", "spot-eval/throughput_ratio.png", "spot-eval/lm_eval_results.json"} <= artifacts
 
 
 def test_bad_model_args_are_one_clear_line(checkpoint, tmp_path):
