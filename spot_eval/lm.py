@@ -150,6 +150,23 @@ class SpotLM(LM):
             continue_final_message=not add_generation_prompt,
         )
 
+    def set_cache_hook(self, cache_hook) -> None:
+        """lm-eval's `--use_cache` keys requests by (prompt, gen_kwargs) only, so one cache file must
+        hold one decoder configuration: the first run stamps it, a run with another one is refused."""
+        super().set_cache_hook(cache_hook)
+        store = getattr(cache_hook, "dbdict", None)
+        if store is None:
+            return
+        stamp = json.dumps({"target": self.target.name, "decoder": _config_dict(self.config)}, sort_keys=True)
+        found = store.get(CACHE_STAMP)
+        if found is None:
+            store[CACHE_STAMP] = stamp
+        elif found != stamp:
+            raise ValueError(
+                f"the --use_cache file was written with another target or decoder config ({found}); "
+                f"this run uses {stamp}. Use a separate --use_cache path per configuration."
+            )
+
     def get_model_info(self) -> dict:
         return {"spot": {"decoder": _config_dict(self.config), "methods": [s.label for s in self.specs], **self._fingerprints()}}
 
@@ -206,6 +223,9 @@ class SpotLM(LM):
 
     def _fingerprints(self) -> dict:
         return {"target": self.target.name, "drafters": {s.label: s.path or "shipped" for s in self.specs}}
+
+
+CACHE_STAMP = "spot-eval/decoder-config"
 
 
 def _request_id(task: str | None, doc_id: int | None, repeat: int) -> int:

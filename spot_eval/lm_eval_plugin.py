@@ -52,7 +52,15 @@ def register() -> None:
 def _reporting(evaluate):
     @functools.wraps(evaluate)
     def wrapped(lm, *args, **kwargs):
-        results = evaluate(lm, *args, **kwargs)
+        try:
+            results = evaluate(lm, *args, **kwargs)
+        except ValueError as err:
+            if "marked as unsafe" not in str(err):
+                raise
+            raise ValueError(
+                f"{err} On the command line add --confirm_run_unsafe_code: the code tasks execute model-written "
+                "programs (spot_eval runs them in a sandboxed subprocess)."
+            ) from None
         inner = getattr(lm, "lm", lm)  # unwrap lm-eval's CachingLM
         finish = getattr(getattr(inner, "session", None), "finish", None)
         if callable(finish):

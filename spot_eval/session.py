@@ -117,7 +117,7 @@ class Session:
         if results is not None:
             tracker.log_params({safe_name(f"task_version/{t}"): v for t, v in (results.get("versions") or {}).items()})
         frame = self.frame()
-        for label, rows in table.groupby("label", sort=False):
+        for label, rows in table.groupby("label", sort=False) if not table.empty else ():
             with tracker.child(label) as run:
                 for _, row in rows.iterrows():
                     prefix = f"{row.task}/"
@@ -133,7 +133,8 @@ class Session:
                                      "accepted_length/p50": float(ordered[len(ordered) // 2]),
                                      "accepted_length/p90": float(ordered[int(0.9 * (len(ordered) - 1))])})
         if not table.empty:
-            throughput_bars(table, self.out_dir / "throughput_ratio.png")
+            if (table.label != "draft_free").any():
+                throughput_bars(table, self.out_dir / "throughput_ratio.png")
             accepted_histogram(frame, self.out_dir / "accepted_lengths.png")
         for path in sorted(self.out_dir.iterdir()):
             tracker.log_artifact(path, "spot-eval")

@@ -58,6 +58,29 @@ def test_the_real_lm_eval_console_script_runs_spot(checkpoint, tmp_path):
     assert {"spot-eval/samples.jsonl", "spot-eval/throughput_ratio.png", "spot-eval/lm_eval_results.json"} <= artifacts
 
 
+def run_lm_eval(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    lm_eval = shutil.which("lm_eval", path=str(Path(os.sys.executable).parent))
+    return subprocess.run([lm_eval, *args], capture_output=True, text=True, env=OFFLINE, cwd=cwd, timeout=600)
+
+
+def test_use_cache_resumes_and_refuses_another_decoder_config(checkpoint, tmp_path):
+    common = ["--model", "spot", "--tasks", "spot_gsm8k", "--include_path", str(REPO / "tasks"), "--limit", "2",
+              "--use_cache", str(tmp_path / "cache")]
+    args = f"pretrained={checkpoint},methods=,budgets=,gen_length=32,device=cpu"
+    first = run_lm_eval(*common, "--model_args", args, cwd=tmp_path)
+    assert first.returncode == 0, first.stderr[-2000:]
+    again = run_lm_eval(*common, "--model_args", args, cwd=tmp_path)
+    assert again.returncode == 0 and "Cached requests: 2" in again.stderr
+    other = run_lm_eval(*common, "--model_args", args + ",block_length=32", cwd=tmp_path)
+    assert other.returncode == 2 and "Use a separate --use_cache path per configuration" in other.stderr
+
+
+def test_code_tasks_need_the_unsafe_code_flag(checkpoint, tmp_path):
+    run = run_lm_eval("--model", "spot", "--model_args", f"pretrained={checkpoint},methods=,budgets=,device=cpu",
+                      "--tasks", "spot_mbpp", "--include_path", str(REPO / "tasks"), "--limit", "1", cwd=tmp_path)
+    assert run.returncode == 2 and "add --confirm_run_unsafe_code" in run.stderr and "Traceback" not in run.stderr
+
+
 def test_bad_model_args_are_one_clear_line(checkpoint, tmp_path):
     lm_eval = shutil.which("lm_eval", path=str(Path(os.sys.executable).parent))
     run = subprocess.run(
