@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from conftest import write_checkpoint
 from mlflow import MlflowClient
 
 from spot_eval.cli import main
@@ -244,3 +245,49 @@ def test_server_killed_mid_run_loses_nothing(server, tmp_path, capsys):
     partial = client.get_run(live_id)
     assert partial.info.status == "FAILED" and partial.data.tags["spot_eval.superseded_by"] == run_id
     assert list(spool.iterdir()) == []
+
+
+# -- the same through `lm_eval --model spot` ------------------------------------------------------
+
+
+def _lm_eval(checkpoint: Path, uri: str, cwd: Path) -> subprocess.CompletedProcess:
+    args = f"pretrained={checkpoint},methods=oracle,budgets=4,gen_length=32,device=cpu,mlflow_tracking_uri={uri}"
+    command = [str(Path(sys.executable).with_name("lm_eval")), "--model", "spot", "--model_args", args,
+               "--tasks", "spot_gsm8k", "--include_path", str(ROOT / "tasks"), "--limit", "2"]  # fmt: skip
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    return subprocess.run(command, capture_output=True, text=True, env=env, cwd=cwd, timeout=600)
+
+
+def _check_spot_run(client: MlflowClient) -> None:
+    experiment = client.get_experiment_by_name("spot-eval").experiment_id
+    [parent] = client.search_runs([experiment], "tags.mlflow.runName = 'spot-eval'")
+    assert "spot_gsm8k/exact_match_strict-match" in parent.data.metrics
+    children = client.search_runs([experiment], f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
+    assert {c.info.run_name for c in children} == {"draft_free", "oracle@4"}
+    assert any(a.path == "spot-eval/samples.jsonl" for a in client.list_artifacts(parent.info.run_id, "spot-eval"))
+
+
+def test_lm_eval_logs_a_whole_evaluation_to_a_real_server(server, tmp_path):
+    checkpoint = write_checkpoint(tmp_path / "ckpt")
+    run = _lm_eval(checkpoint, server.uri, tmp_path)
+    assert run.returncode == 0, run.stderr[-2000:]
+    _check_spot_run(MlflowClient(tracking_uri=server.uri))
+
+
+def test_lm_eval_with_the_server_down_spools_and_sync_uploads(tmp_path):
+    checkpoint = write_checkpoint(tmp_path / "ckpt")
+    down = Server(tmp_path / "late")
+    (tmp_path / "late").mkdir()
+    run = _lm_eval(checkpoint, down.uri, tmp_path)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "spot-eval sync" in run.stderr  # the one-line warning says how to recover
+    spool = tmp_path / "spot-eval-spool"
+    assert len(list(spool.iterdir())) == 1
+    down.start()
+    try:
+        sync = subprocess.run([sys.executable, "-m", "spot_eval.cli", "sync", "--spool", str(spool), "--tracking-uri", down.uri],
+                              capture_output=True, text=True, cwd=tmp_path, timeout=300)
+        assert sync.returncode == 0, sync.stderr
+        _check_spot_run(MlflowClient(tracking_uri=down.uri))
+    finally:
+        down.stop()
