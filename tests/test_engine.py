@@ -17,6 +17,8 @@ from hypothesis import strategies as st
 
 from spot import DecodeConfig, Sampling, generate
 from spot.drafters import AdversarialDrafter, OracleDrafter, RandomDrafter
+from spot.drafters.order_model import OrderModel
+from spot.drafters.spot import SpotDrafter
 
 TEMPERATURES = [0.0, 0.7, 1.0, 2.0]
 BUDGETS = [1, 4, 8, 20]
@@ -31,8 +33,18 @@ def with_budget(config: DecodeConfig, budget: int) -> DecodeConfig:
     return DecodeConfig(**{**config.__dict__, "budget": budget})
 
 
+def untrained_spot() -> SpotDrafter:
+    torch.manual_seed(0)
+    return SpotDrafter(OrderModel(), gate=0.9)
+
+
 def drafters(reference):
-    return [RandomDrafter(VOCAB, seed=1), AdversarialDrafter(reference.trajectory, VOCAB), OracleDrafter(reference.trajectory)]
+    return [
+        RandomDrafter(VOCAB, seed=1),
+        AdversarialDrafter(reference.trajectory, VOCAB),
+        OracleDrafter(reference.trajectory),
+        untrained_spot(),
+    ]
 
 
 def mid_block_token(reference, block_length: int) -> tuple[int, int]:
