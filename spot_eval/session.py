@@ -101,6 +101,11 @@ class Session:
             columns = ["task", "label", "requests", "forward_ratio", "throughput_ratio", "tokens_per_forward", "lossless"]
             print(table[columns].to_string(index=False, float_format=lambda x: f"{x:.3f}"))
         print(f"spot-eval: samples and summary in {self.out_dir}")
+        uri = getattr(self.tracker, "uri", None)
+        if uri and uri.startswith("sqlite:"):
+            print(f"spot-eval: MLflow run {self.tracker.run_id}; browse with: mlflow ui --backend-store-uri {uri}")
+        elif uri:
+            print(f"spot-eval: MLflow run {self.tracker.run_id} at {uri}")
         bad = self.divergences()
         self.tracker.end("FAILED" if bad and self.args.fail_on_divergence else "FINISHED")
         if bad and self.args.fail_on_divergence:

@@ -358,6 +358,7 @@ class MlflowTracker(_EndsOnExit):
         )
         # Without a server id (spooling from the start) the id names the journal entry and run.
         self.run_id: str = self._server_id or f"spool:{session.spool.path.name}/{self._key}"
+        self.uri = session.uri
         _OPEN[self.run_id] = self
 
     def log_params(self, params: Mapping[str, object]) -> None:
