@@ -8,10 +8,12 @@ import torch
 
 from spot import DecodeConfig, Sampling, generate
 from spot.drafters import AdversarialDrafter, OracleDrafter, RandomDrafter
+from spot.drafters.spiffy import SpiffyDrafter
 from spot.targets import SDARTarget
 
 DRAFT_FREE = "draft_free"
 REFERENCE_DRAFTERS = ("random", "adversarial", "oracle")
+SPIFFY = "spiffy"
 
 
 def load_target(path: str | Path, block_length: int | None, device: str = "cpu") -> SDARTarget:
@@ -45,9 +47,14 @@ def decode_prompt(
     prompt: str,
     chat: bool,
     device: str = "cpu",
+    graph: str | None = None,
 ) -> dict:
-    if method != DRAFT_FREE and method not in REFERENCE_DRAFTERS:
-        raise ValueError(f"unknown method {method!r}; choose {DRAFT_FREE} or one of {', '.join(REFERENCE_DRAFTERS)}")
+    """graph: the Spiffy draft graph (default: the shipped one for the block length); with method
+    spiffy the budget is D*, the nodes kept by Spiffy's online pruning."""
+    if method not in (DRAFT_FREE, SPIFFY, *REFERENCE_DRAFTERS):
+        raise ValueError(f"unknown method {method!r}; choose {DRAFT_FREE}, {SPIFFY} or one of {', '.join(REFERENCE_DRAFTERS)}")
+    if graph is not None and method != SPIFFY:
+        raise ValueError(f"--graph is a Spiffy draft graph; use it with --method {SPIFFY}, not {method}")
     if method == DRAFT_FREE and budget:
         raise ValueError(f"method {DRAFT_FREE} takes no budget (got {budget}); pick a drafter to use a budget")
     sampling = Sampling(temperature=temperature, top_k=top_k, top_p=top_p)
@@ -66,7 +73,11 @@ def decode_prompt(
     ids = encode_prompt(model, prompt, chat)
     decode = model.tokenizer.decode
     drafter = None
-    if method != DRAFT_FREE:
+    if method == SPIFFY:
+        from spot_eval.spiffy_calibrate import graph_for_target  # it imports this module
+
+        drafter = SpiffyDrafter(graph_for_target(model, policy, graph), prune_to=None)
+    elif method != DRAFT_FREE:
         reference = generate(model, ids, DecodeConfig(**{**config.__dict__, "budget": 0}), decode=decode, record=True)
         drafter = {
             "random": lambda: RandomDrafter(model.vocab_size, seed=seed),

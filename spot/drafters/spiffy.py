@@ -1,0 +1,433 @@
+"""Spiffy (Agrawal et al., arXiv 2509.18085): auto-speculative drafts over a calibrated draft graph.
+
+Spiffy drafts future block states from the target's own distribution, with no draft model. The
+drafts follow a fixed directed graph (a DAG) of *formulas*, calibrated offline once per target and
+instantiated online with the live distribution (method.md §3).
+
+Formulas. At a root state, the stale distribution (the target's logits from the previous forward)
+ranks the root's masked positions by their top-1 probability: position rank i, 0 = most confident
+(ties go to the leftmost position). Within a position it ranks the tokens: vocab rank j, 0 = the
+token the target would draw. A formula (i, j) names "the j-th token at the i-th position", never a
+concrete token, so one graph serves every state.
+
+Nodes. A graph node is the root plus a set of formulas; its depth is the number of denoising steps
+it skips. Under `single` (one commit per step) depth == the number of commits; under `threshold` a
+step may commit several positions, so 1 <= depth <= commits. Node B's parents are the nodes A with
+depth(B) == depth(A) + 1 and commits(A) a proper subset of commits(B): one state reached through
+several commit orders has several parents, which is what makes the graph a DAG and not a tree.
+Node 0 is the root (no commits, depth 0). `declared_nodes` counts the nodes beyond the root (the
+paper's D), the number a budget counts.
+
+Instantiation at temperature T (the graph is calibrated at T = 0 and reused at every T, as in the
+paper; the engine's coupled noise keeps decoding exact whatever the drafts are):
+    T = 0: vocab rank j is the j-th token by stale log-probability (the target draws the argmax).
+    T > 0: [INF] vocab rank j is the j-th token of (filtered stale logits / T + that commit step's
+        coupled Gumbel noise) over the stale top-k, exactly the draw the target makes at that step
+        if the stale logits were its logits (as SPOT's `order_model.predict`). Which step commits
+        which formula is not stored in an unordered set, so a node's commits are assigned steps by
+        ascending position rank (the target commits its most confident positions first): under
+        `single` the k-th commit is drawn with the noise of step root + k; under `threshold` the
+        surplus commits (commits - depth) join the first step, then one commit per step. A node
+        and its parent may therefore draw one position with different steps' noise; acceptance
+        tests state equality only, so this costs acceptance, never exactness.
+    Position ranks use the plain stale top-1 log-probability at every T (what calibration ranked).
+    A node whose formula names a position rank beyond the root's masked positions, a vocab rank
+    beyond the stale top-k, or a token the sampling filters remove (top-k/top-p) is dropped, and
+    so is a node left without an instantiated parent. Two nodes with one state keep the first.
+
+Pruning (§3.5). A node's local score is the geometric mean of the stale probabilities p_ij of its
+drafted tokens (at T > 0 under the filtered, temperature-scaled stale distribution, renormalised
+over the top-k). childScore is the geometric mean of its children's scores, and score =
+GM(local, childScore) (a leaf's score is its local score). [INF] The kept set stays connected:
+starting from the root, repeatedly keep the highest-scoring node that has a kept parent (ties to
+the earlier node) until D* nodes are kept. The drafter keeps min(D*, budget) nodes; with
+prune_to=None, D* is the whole graph (then only the budget prunes).
+
+Shapes: K block length, k stale top-k, N nodes beyond the root.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from spot.config import POLICIES, Sampling
+from spot.drafters.base import DraftContext
+from spot.drafters.order_model import step_noise_at_topk
+from spot.policy import filtered_logits, topk_logprobs
+from spot.tree import DraftTree
+
+FORMAT = "spiffy-graph/1"
+
+
+@dataclass(frozen=True, order=True)
+class Formula:
+    """One drafted token: the `token`-th ranked token at the `rank`-th ranked masked position (i, j)."""
+
+    rank: int
+    token: int
+
+
+@dataclass(frozen=True)
+class GraphNode:
+    """commits: sorted by (rank, token), one per position rank; parents: indices of earlier nodes;
+    count: how often calibration saw this future (0 when hand-made)."""
+
+    commits: tuple[Formula, ...]
+    depth: int
+    parents: tuple[int, ...]
+    count: int = 0
+
+
+@dataclass(frozen=True)
+class SpiffyGraph:
+    """A validated draft graph. nodes[0] is the root; every node comes after all its parents.
+
+    target: the fingerprint of the (target, block length, policy) it was calibrated for (as on disk;
+        `block_length` and `policy` at least). calibration: how it was made (as on disk).
+    """
+
+    nodes: tuple[GraphNode, ...]
+    block_length: int
+    policy: str
+    target: dict[str, object]
+    calibration: dict[str, object]
+
+    def __post_init__(self) -> None:
+        _check_structure(self)
+
+    @property
+    def size(self) -> int:
+        """Nodes beyond the root (the paper's D)."""
+        return len(self.nodes) - 1
+
+    @property
+    def max_token_rank(self) -> int:
+        return max((f.token for node in self.nodes for f in node.commits), default=0)
+
+
+def _check_structure(graph: SpiffyGraph) -> None:
+    k, policy = graph.block_length, graph.policy
+    if k < 1:
+        raise ValueError(f"block_length must be >= 1, got {k}")
+    if policy not in POLICIES:
+        raise ValueError(f"unknown policy {policy!r}; a graph is calibrated for one of {', '.join(POLICIES)}")
+    if graph.target.get("block_length") != k or graph.target.get("policy") != policy:
+        raise ValueError(
+            f"the target fingerprint says block length {graph.target.get('block_length')!r} and policy "
+            f"{graph.target.get('policy')!r}, the graph {k} and {policy!r}"
+        )
+    if not graph.nodes or graph.nodes[0] != GraphNode((), 0, (), graph.nodes[0].count):
+        raise ValueError("node 0 must be the root: no commits, depth 0, no parents")
+    seen: dict[tuple[int, tuple[Formula, ...]], int] = {}
+    for index, node in enumerate(graph.nodes[1:], start=1):
+        twin = seen.setdefault((node.depth, node.commits), index)
+        if twin != index:
+            raise ValueError(f"nodes {twin} and {index} are the same node (depth {node.depth}, commits {_pairs(node.commits)})")
+        ranks = [f.rank for f in node.commits]
+        if not node.commits or list(node.commits) != sorted(set(node.commits)) or len(set(ranks)) != len(ranks):
+            raise ValueError(f"node {index} needs >= 1 commits, sorted, at most one per position rank; got {_pairs(node.commits)}")
+        if any(f.rank < 0 or f.token < 0 or f.rank >= k for f in node.commits):
+            raise ValueError(f"node {index} has a formula outside 0 <= i < {k}, 0 <= j: {_pairs(node.commits)}")
+        n = len(node.commits)
+        if (policy == "single" and node.depth != n) or not 1 <= node.depth <= n:
+            rule = "== its commits" if policy == "single" else "in 1 .. its commits"
+            raise ValueError(f"node {index} has depth {node.depth} for {n} commits; policy {policy} needs depth {rule}")
+        if not node.parents:
+            raise ValueError(f"node {index} has no parent; every node beyond the root needs >= 1")
+        for p in node.parents:
+            if not 0 <= p < index:
+                raise ValueError(f"node {index} names parent {p}; number every node after its parents")
+            parent = graph.nodes[p]
+            if parent.depth != node.depth - 1 or not set(parent.commits) < set(node.commits):
+                raise ValueError(
+                    f"node {index} (depth {node.depth}, commits {_pairs(node.commits)}) cannot have parent {p} "
+                    f"(depth {parent.depth}, commits {_pairs(parent.commits)}): a parent is one step shallower "
+                    "and commits a proper subset"
+                )
+
+
+def _pairs(commits: Sequence[Formula]) -> list[list[int]]:
+    return [[f.rank, f.token] for f in commits]
+
+
+# -- the graph on disk -------------------------------------------------------------------------
+
+
+def graph_to_dict(graph: SpiffyGraph) -> dict:
+    """The JSON-ready form (`spiffy-graph/1`): node ids are indices, parents come first."""
+    nodes = [
+        {"id": i, "commits": _pairs(n.commits), "parents": list(n.parents), "depth": n.depth, "count": n.count}
+        for i, n in enumerate(graph.nodes)
+    ]
+    return {
+        "format": FORMAT,
+        "target": dict(graph.target),
+        "block_length": graph.block_length,
+        "nodes": nodes,
+        "declared_nodes": graph.size,
+        "calibration": dict(graph.calibration),
+    }
+
+
+def graph_from_dict(raw: object, source: str = "the graph") -> SpiffyGraph:
+    """Validate and build a graph; every problem is a ValueError naming `source` and the problem.
+
+    Node ids must be 0 .. N (in any list order), each node's parents with smaller ids. `depth`
+    defaults to the number of commits (the `single` case), `count` to 0.
+    """
+
+    def bad(why: str) -> ValueError:
+        return ValueError(f"{source} is not a valid Spiffy draft graph: {why}")
+
+    if not isinstance(raw, dict) or raw.get("format") != FORMAT:
+        found = raw.get("format") if isinstance(raw, dict) else type(raw).__name__
+        raise bad(f"unknown format {found!r}, expected {FORMAT!r}")
+    for key in ("target", "block_length", "nodes", "declared_nodes"):
+        if key not in raw:
+            raise bad(f"missing key {key!r}")
+    target, nodes, calibration = raw["target"], raw["nodes"], raw.get("calibration", {})
+    if not isinstance(target, dict) or not isinstance(calibration, dict):
+        raise bad("'target' and 'calibration' must be objects")
+    if not isinstance(nodes, list) or not all(isinstance(n, dict) for n in nodes):
+        raise bad("'nodes' must be a list of objects")
+    if not isinstance(raw["block_length"], int):
+        raise bad(f"block_length must be an integer, got {raw['block_length']!r}")
+    if raw["declared_nodes"] != len(nodes) - 1:
+        raise bad(f"it declares {raw['declared_nodes']} nodes beyond the root but holds {len(nodes) - 1}")
+    by_id: dict[int, dict] = {}
+    for node in nodes:
+        node_id = node.get("id")
+        commits, parents = node.get("commits"), node.get("parents")
+        if not isinstance(node_id, int) or node_id in by_id:
+            raise bad(f"node ids must be distinct integers; got {node_id!r} twice or not an integer")
+        if not isinstance(parents, list) or not all(isinstance(p, int) for p in parents):
+            raise bad(f"node {node_id}: 'parents' must be a list of node ids")
+        if not isinstance(commits, list) or not all(
+            isinstance(c, list) and len(c) == 2 and all(isinstance(v, int) for v in c) for c in commits
+        ):
+            raise bad(f"node {node_id}: 'commits' must be a list of [i, j] integer pairs")
+        if not isinstance(node.get("depth", 0), int) or not isinstance(node.get("count", 0), int):
+            raise bad(f"node {node_id}: 'depth' and 'count' must be integers")
+        by_id[node_id] = node
+    if set(by_id) != set(range(len(nodes))):
+        raise bad(f"node ids must be 0 .. {len(nodes) - 1} (0 the root); got {sorted(by_id)}")
+    for node_id, node in sorted(by_id.items()):
+        dangling = [p for p in node["parents"] if p not in by_id]
+        if dangling:
+            raise bad(f"node {node_id} names parent(s) {dangling}, which are not in the graph (dangling parent)")
+    cycle = _on_cycles(by_id)
+    if cycle:
+        raise bad(f"its parent links form a cycle through nodes {cycle}")
+    built = []
+    for node_id in range(len(nodes)):
+        node = by_id[node_id]
+        commits = tuple(sorted(Formula(i, j) for i, j in node["commits"]))
+        parents = tuple(sorted(set(node["parents"])))
+        built.append(GraphNode(commits, node.get("depth", len(commits)), parents, node.get("count", 0)))
+    try:
+        return SpiffyGraph(tuple(built), raw["block_length"], target.get("policy"), target, calibration)
+    except ValueError as err:
+        raise bad(str(err)) from None
+
+
+def _on_cycles(by_id: dict[int, dict]) -> list[int]:
+    """The nodes on (or between) cycles of the parent links: what is left after repeatedly removing
+    nodes without a remaining parent, then nodes without a remaining child."""
+    parents = {n: set(node["parents"]) for n, node in by_id.items()}
+    children = {n: {c for c in by_id if n in parents[c]} for n in by_id}
+    left = set(by_id)
+    for links in (parents, children):
+        while free := {n for n in left if not links[n] & left}:
+            left -= free
+    return sorted(left)
+
+
+def load_graph(path: str | Path, block_length: int | None = None) -> SpiffyGraph:
+    """Read and validate a graph file; with `block_length`, refuse a graph for another block length.
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: naming the file, for malformed JSON, a malformed graph or another block length.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"Spiffy graph {path} does not exist; calibrate one (spot-eval spiffy-calibrate --out {path}) or pass another"
+        )
+    try:
+        raw = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"Spiffy graph {path} is not valid JSON ({err}); recalibrate it with spot-eval spiffy-calibrate") from None
+    graph = graph_from_dict(raw, source=f"Spiffy graph {path}")
+    if block_length is not None and graph.block_length != block_length:
+        raise ValueError(
+            f"Spiffy graph {path} was calibrated for block length {graph.block_length}, but the target decodes "
+            f"block length {block_length}; pass the graph of block length {block_length} "
+            f"(spot-eval spiffy-calibrate --block-length {block_length})"
+        )
+    return graph
+
+
+# -- instantiation and pruning ------------------------------------------------------------------
+
+
+def position_order(top1_logprob: torch.Tensor, masked: torch.Tensor) -> list[int]:
+    """Position rank -> position: the masked positions by descending stale top-1 log-probability,
+    ties to the leftmost. top1_logprob, masked: [K]."""
+    values = top1_logprob.tolist()
+    return sorted((p for p in range(len(values)) if bool(masked[p])), key=lambda p: (-values[p], p))
+
+
+def commit_offsets(n_commits: int, depth: int) -> list[int]:
+    """The step (after the root's) that draws each of a node's commits, in position-rank order: the
+    surplus of a `threshold` node joins the first step, then one commit per step."""
+    surplus = n_commits - depth
+    return [max(0, k - surplus) for k in range(n_commits)]
+
+
+@dataclass(frozen=True)
+class Drafts:
+    """An instantiated graph. states: [N + 1, K], row 0 the root; parents: as in DraftTree;
+    local: each node's mean log stale probability over its drafted tokens (0.0 for the root)."""
+
+    states: torch.Tensor
+    parents: tuple[tuple[int, ...], ...]
+    local: tuple[float, ...]
+
+
+def instantiate(
+    graph: SpiffyGraph,
+    state: torch.Tensor,
+    logprobs: torch.Tensor,
+    ids: torch.Tensor,
+    mask_id: int,
+    sampling: Sampling,
+    noise: Callable[[int], torch.Tensor] | None = None,
+) -> Drafts:
+    """Turn the graph's formulas into block states at one root.
+
+    Args:
+        state: [K] the root.
+        logprobs, ids: [K, k] the stale top-k log-softmax (descending, mask token excluded) and its ids.
+        noise: offset e -> [K, k] float64 coupled noise at `ids` of the step root + e; needed at T > 0.
+    """
+    order = position_order(logprobs[:, 0], state == mask_id)
+    t = sampling.temperature
+    if t > 0:
+        if noise is None:
+            raise ValueError("instantiating at temperature > 0 needs the steps' coupled noise")
+        z = filtered_logits(logprobs.double(), sampling)  # [K, k], -inf where top-k/top-p drop a token
+        probs = torch.softmax(z, dim=-1)
+    else:
+        z, probs = logprobs.double(), logprobs.double().exp()
+    ranked: dict[int, torch.Tensor] = {}  # offset -> [K, k] slice indices by the draw's order at that step
+
+    def ranking(offset: int) -> torch.Tensor:
+        if offset not in ranked:
+            key = z + noise(offset) if t > 0 else z
+            ranked[offset] = torch.sort(key, dim=-1, descending=True, stable=True).indices
+        return ranked[offset]
+
+    states, parents, local = [state], [()], [0.0]
+    kept: dict[int, int] = {0: 0}  # graph node -> draft row
+    rows: dict[tuple[int, ...], int] = {tuple(state.tolist()): 0}
+    for index, node in enumerate(graph.nodes[1:], start=1):
+        alive = sorted({kept[p] for p in node.parents if p in kept})
+        if not alive:
+            continue
+        child, logp = state.clone(), 0.0
+        for formula, offset in zip(node.commits, commit_offsets(len(node.commits), node.depth), strict=True):
+            if formula.rank >= len(order) or formula.token >= ids.shape[1]:
+                break
+            p = order[formula.rank]
+            slot = int(ranking(offset)[p, formula.token])
+            if not math.isfinite(float(z[p, slot])):
+                break
+            child[p] = ids[p, slot]
+            logp += math.log(max(float(probs[p, slot]), 1e-300))
+        else:
+            key = tuple(child.tolist())
+            if key in rows:  # the same state through other formulas: keep the first
+                kept[index] = rows[key]
+                continue
+            kept[index] = rows[key] = len(states)
+            states.append(child)
+            parents.append(tuple(alive))
+            local.append(logp / len(node.commits))
+    return Drafts(torch.stack(states), tuple(parents), tuple(local))
+
+
+def scores(parents: Sequence[Sequence[int]], local: Sequence[float]) -> list[float]:
+    """Log of Spiffy's node score: GM(local, GM(children's scores)), a leaf's being its local score.
+
+    parents: per node (node 0 the root), earlier node indices; local: per node, log local score.
+    """
+    children: list[list[int]] = [[] for _ in local]
+    for node, ps in enumerate(parents):
+        for p in ps:
+            children[p].append(node)
+    out = list(local)
+    for node in reversed(range(len(local))):
+        if children[node]:
+            child = sum(out[c] for c in children[node]) / len(children[node])
+            out[node] = (local[node] + child) / 2
+    return out
+
+
+def prune(parents: Sequence[Sequence[int]], local: Sequence[float], keep: int) -> list[int]:
+    """The nodes (beyond the root, ascending) to keep: greedily the best-scoring node with a kept
+    parent (or the root), until `keep` are kept."""
+    score = scores(parents, local)
+    chosen = {0}
+    while len(chosen) - 1 < keep:
+        frontier = [n for n in range(1, len(local)) if n not in chosen and any(p in chosen for p in parents[n])]
+        if not frontier:
+            break
+        chosen.add(max(frontier, key=lambda n: (score[n], -n)))
+    return sorted(chosen - {0})
+
+
+class SpiffyDrafter:
+    """Spiffy over a calibrated graph: instantiate, prune to min(prune_to, budget), verify.
+
+    topk: how many stale tokens per position are ranked (at least the graph's largest vocab rank + 1).
+    """
+
+    name = "spiffy"
+
+    def __init__(self, graph: SpiffyGraph, prune_to: int | None = 3, topk: int = 32) -> None:
+        if prune_to is not None and prune_to < 1:
+            raise ValueError(f"prune_to must be >= 1 (or None for the whole graph), got {prune_to}")
+        self.graph = graph
+        self.prune_to = prune_to
+        self.topk = max(topk, graph.max_token_rank + 1)
+
+    def draft(self, ctx: DraftContext) -> DraftTree:
+        if ctx.state.shape[0] != self.graph.block_length or ctx.config.policy != self.graph.policy:
+            raise ValueError(
+                f"this Spiffy graph is for block length {self.graph.block_length} and policy {self.graph.policy!r}, "
+                f"but decoding uses block length {ctx.state.shape[0]} and policy {ctx.config.policy!r}; "
+                "calibrate a graph for these settings (spot-eval spiffy-calibrate)"
+            )
+        if ctx.stale_logits is None:  # a block's first step: no distribution of this block yet
+            return DraftTree.root_only(ctx.state)
+        state = ctx.state.cpu()
+        logprobs, ids = topk_logprobs(ctx.stale_logits, min(self.topk, ctx.stale_logits.shape[-1] - 1), ctx.mask_id)
+
+        def noise(offset: int) -> torch.Tensor:
+            return step_noise_at_topk(ctx.config.seed, ctx.request, ctx.block, ctx.step + offset, ids)
+
+        drafts = instantiate(self.graph, state, logprobs, ids, ctx.mask_id, ctx.config.sampling, noise)
+        keep = min(ctx.budget, self.prune_to if self.prune_to is not None else self.graph.size)
+        if len(drafts.local) - 1 <= keep:
+            return DraftTree(drafts.states, drafts.parents)
+        rows = [0, *prune(drafts.parents, drafts.local, keep)]
+        new = {old: i for i, old in enumerate(rows)}
+        parents = tuple(tuple(new[p] for p in drafts.parents[r] if p in new) for r in rows)
+        return DraftTree(drafts.states[rows], parents)
