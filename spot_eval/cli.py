@@ -4,6 +4,7 @@ function elsewhere; bad input ends with `error: ...` and exit status 2, never a 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import warnings
@@ -14,7 +15,7 @@ from spot_eval.paths import EMBEDDED_TARGET
 def _add_decode(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("decode", help="decode one prompt with a method and print one JSON object")
     p.add_argument("--target", default=str(EMBEDDED_TARGET), help="model directory (default: the embedded target)")
-    p.add_argument("--method", default="draft_free", help="draft_free or a drafter name (random, adversarial, oracle)")
+    p.add_argument("--method", default="draft_free", help="draft_free or a drafter: spot, spot_gamma, spiffy, random, adversarial, oracle")
     p.add_argument("--budget", type=int, default=0, help="draft nodes per verify forward (0 with draft_free)")
     p.add_argument("--unmasking", default="single", help="single | threshold")
     p.add_argument("--threshold", type=float, default=0.9)
@@ -28,6 +29,7 @@ def _add_decode(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the tokenizer's chat template")
     p.add_argument("--device", default="cpu")
     p.add_argument("--json", action="store_true", help="print one JSON object (default: the text, then stats)")
+    p.add_argument("--drafter", default=None, help="the method's checkpoint (.pt) or Spiffy graph (.json); default: the shipped one")
     p.set_defaults(func=_run_decode)
 
 
@@ -49,6 +51,7 @@ def _run_decode(args: argparse.Namespace) -> None:
         prompt=args.prompt,
         chat=args.chat,
         device=args.device,
+        drafter_path=args.drafter,
     )
     if args.json:
         print(json.dumps(result))
@@ -61,10 +64,214 @@ def _run_decode(args: argparse.Namespace) -> None:
         )
 
 
+def _add_train_target(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "train-target", help="train the embedded target (tokenizer + block-diffusion Qwen3) on the training splits"
+    )
+    p.add_argument("--out", required=True, help="output model directory")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--steps", type=int, default=None, help="optimizer steps (fixes the weights with the seed)")
+    p.add_argument("--minutes", type=float, default=55.0, help="safety cap: stop early (and say so) after this long")
+    p.add_argument("--device", default="cpu", help="cpu | cuda")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--batch-tokens", type=int, default=None, help="sequence positions per batch")
+    p.add_argument("--lr", type=float, default=None)
+    p.add_argument("--layers", type=int, default=None)
+    p.add_argument("--vocab-size", type=int, default=None)
+    p.add_argument("--sources", nargs="+", default=["gsm8k", "math", "mbpp"], help="training pair sources")
+    p.add_argument("--fp32", action="store_true", help="no bfloat16 autocast")
+    p.set_defaults(func=_run_train_target)
+
+
+def _run_train_target(args: argparse.Namespace) -> None:
+    from dataclasses import replace
+
+    from spot_eval.corpus import training_pairs
+    from spot_eval.train_target import TrainConfig, train
+
+    config = TrainConfig(seed=args.seed, minutes=args.minutes, device=args.device, threads=args.threads, bf16=not args.fp32)
+    overrides = {"steps": args.steps, "batch_tokens": args.batch_tokens, "lr": args.lr, "vocab_size": args.vocab_size}
+    config = replace(config, **{k: v for k, v in overrides.items() if v is not None})
+    if args.layers is not None:
+        config = replace(config, model=replace(config.model, layers=args.layers))
+    log = train(config, training_pairs(tuple(args.sources)), args.out)
+    summary = ("parameters", "steps", "stopped_early", "wall_seconds", "heldout_loss_block16", "heldout_loss_block32")
+    print(json.dumps({"out": args.out, **{k: log.get(k) for k in summary}, "final_train_loss": log["curve"][-1]["loss"]}))
+
+
+def _add_collect(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("collect", help="record draft-free trajectories of a target on training prompts (drafter data)")
+    p.add_argument("--target", default=str(EMBEDDED_TARGET), help="model directory (default: the embedded target)")
+    p.add_argument("--out", required=True, help="trajectory directory (resumable: finished shards are skipped)")
+    p.add_argument("--policy", default="single", help="single | threshold")
+    p.add_argument("--threshold", type=float, default=0.9, help="confidence threshold of policy threshold")
+    p.add_argument("--block-length", type=int, default=None, help="default: the checkpoint's block_size")
+    p.add_argument("--gen-length", type=int, default=256)
+    p.add_argument("--prompts", type=int, required=True, help="training prompts to decode (a seeded sample)")
+    p.add_argument("--temperatures", default="0,1", help="comma-separated; they cycle over the prompts")
+    p.add_argument("--seed", type=int, default=0, help="fixes the prompt sample and the sampling noise")
+    p.add_argument("--shard-size", type=int, default=32, help="requests per shard")
+    p.add_argument("--topk", type=int, default=32, help="stale log-probabilities recorded per position")
+    p.add_argument("--sources", nargs="+", default=["gsm8k", "math", "mbpp"], help="training pair sources")
+    p.add_argument("--chat", action=argparse.BooleanOptionalAction, default=True, help="wrap prompts in the chat template")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.set_defaults(func=_run_collect)
+
+
+def _parse_floats(text: str, flag: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise ValueError(f"{flag} takes comma-separated numbers like 0,1; got {text!r}") from None
+
+
+def _run_collect(args: argparse.Namespace) -> None:
+    import torch
+
+    from spot_eval.collect import collect
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    result = collect(
+        target=args.target,
+        out=args.out,
+        policy=args.policy,
+        block_length=args.block_length,
+        gen_length=args.gen_length,
+        prompts=args.prompts,
+        temperatures=_parse_floats(args.temperatures, "--temperatures"),
+        seed=args.seed,
+        shard_size=args.shard_size,
+        chat=args.chat,
+        topk=args.topk,
+        threshold=args.threshold,
+        sources=tuple(args.sources),
+        device=args.device,
+        progress=lambda line: print(line, file=sys.stderr, flush=True),
+    )
+    print(json.dumps(dataclasses.asdict(result)))
+
+
+def _add_train_drafter(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("train-drafter", help="train SPOT's order model on collected trajectories and save the drafter")
+    p.add_argument("--trajectories", nargs="+", required=True, help="trajectory directories (one target and block length)")
+    p.add_argument("--out", required=True, help="the drafter checkpoint (.pt) to write")
+    p.add_argument("--policy", default="single", help="the policy the trajectories were recorded with")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--steps", type=int, default=None, help="optimizer steps (default: --epochs passes)")
+    p.add_argument("--epochs", type=float, default=1.0)
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--max-depth", type=int, default=8, help="train on depths 0 .. max_depth - 1")
+    p.add_argument("--heldout", type=float, default=0.1, help="fraction of the requests held out")
+    p.add_argument("--minutes", type=float, default=None, help="safety cap: stop early (and say so) after this long")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.set_defaults(func=_run_train_drafter)
+
+
+def _run_train_drafter(args: argparse.Namespace) -> None:
+    import torch
+
+    from spot.drafters.order_training import Progress, TrainConfig
+    from spot_eval.train_drafter import train_drafter
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    config = TrainConfig(
+        seed=args.seed,
+        steps=args.steps,
+        epochs=args.epochs,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        max_depth=args.max_depth,
+        heldout_fraction=args.heldout,
+        max_seconds=None if args.minutes is None else 60 * args.minutes,
+        device=args.device,
+    )
+
+    def progress(p: Progress) -> None:
+        print(f"step {p.step}/{p.steps} loss {p.loss:.4f} lr {p.lr:.2e} {p.seconds:.0f} s", file=sys.stderr, flush=True)
+
+    metrics = train_drafter(args.trajectories, args.out, args.policy, config, progress)
+    print(f"order model parameters: {metrics['parameters']}", file=sys.stderr)
+    print(json.dumps({"out": args.out, **{k: v for k, v in metrics.items() if k != "config"}}))
+
+
+def _add_spiffy_calibrate(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("spiffy-calibrate", help="calibrate Spiffy's draft graph for a target on training prompts")
+    p.add_argument("--target", default=str(EMBEDDED_TARGET), help="model directory (default: the embedded target)")
+    p.add_argument("--out", required=True, help="the graph JSON to write")
+    p.add_argument("--block-length", type=int, default=None, help="default: the checkpoint's block_size")
+    p.add_argument("--prompts", type=int, default=50, help="calibration prompts: half MATH train, half MBPP train")
+    p.add_argument("--max-nodes", type=int, default=10, help="graph nodes beyond the root (Spiffy's D)")
+    p.add_argument("--max-depth", type=int, default=6, help="deepest future counted (steps ahead)")
+    p.add_argument("--topk", type=int, default=8, help="vocab ranks j counted; rarer futures are skipped")
+    p.add_argument("--gen-length", type=int, default=256)
+    p.add_argument("--unmasking", default="single", help="single | threshold (the policy the graph serves)")
+    p.add_argument("--threshold", type=float, default=0.9)
+    p.add_argument("--seed", type=int, default=0, help="fixes the prompt sample")
+    p.add_argument("--chat", action=argparse.BooleanOptionalAction, default=True, help="wrap prompts in the chat template")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.set_defaults(func=_run_spiffy_calibrate)
+
+
+def _run_spiffy_calibrate(args: argparse.Namespace) -> None:
+    import torch
+
+    from spot_eval.spiffy_calibrate import calibrate
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    result = calibrate(
+        target=args.target,
+        out=args.out,
+        block_length=args.block_length,
+        prompts=args.prompts,
+        nodes=args.max_nodes,
+        seed=args.seed,
+        max_depth=args.max_depth,
+        topk=args.topk,
+        gen_length=args.gen_length,
+        policy=args.unmasking,
+        threshold=args.threshold,
+        chat=args.chat,
+        device=args.device,
+        progress=lambda line: print(line, file=sys.stderr, flush=True),
+    )
+    print(json.dumps(dataclasses.asdict(result)))
+
+
+def _add_sync(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("sync", help="replay the runs spooled during an MLflow outage into the tracking store")
+    p.add_argument("--spool", default=None, help="spool directory (default: spot-eval-spool)")
+    p.add_argument("--tracking-uri", default=None, help="default: the store each run was meant for")
+    p.set_defaults(func=_run_sync)
+
+
+def _run_sync(args: argparse.Namespace) -> None:
+    from spot_eval.sync import sync
+    from spot_eval.tracking import TrackingUnavailable
+
+    try:
+        for line in sync(args.spool, args.tracking_uri):
+            print(line, flush=True)
+    except TrackingUnavailable as err:
+        print(f"error: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="spot-eval", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     _add_decode(sub)
+    _add_train_target(sub)
+    _add_collect(sub)
+    _add_train_drafter(sub)
+    _add_spiffy_calibrate(sub)
+    _add_sync(sub)
     return parser
 
 

@@ -7,13 +7,10 @@ from pathlib import Path
 import torch
 
 from spot import DecodeConfig, Sampling, generate
-from spot.drafters import AdversarialDrafter, OracleDrafter, RandomDrafter
-from spot.drafters.spiffy import SpiffyDrafter
 from spot.targets import SDARTarget
+from spot_eval.methods import KNOWN, MethodSpec, build_drafter
 
 DRAFT_FREE = "draft_free"
-REFERENCE_DRAFTERS = ("random", "adversarial", "oracle")
-SPIFFY = "spiffy"
 
 
 def load_target(path: str | Path, block_length: int | None, device: str = "cpu") -> SDARTarget:
@@ -47,16 +44,16 @@ def decode_prompt(
     prompt: str,
     chat: bool,
     device: str = "cpu",
-    graph: str | None = None,
+    drafter_path: str | None = None,
 ) -> dict:
-    """graph: the Spiffy draft graph (default: the shipped one for the block length); with method
-    spiffy the budget is D*, the nodes kept by Spiffy's online pruning."""
-    if method not in (DRAFT_FREE, SPIFFY, *REFERENCE_DRAFTERS):
-        raise ValueError(f"unknown method {method!r}; choose {DRAFT_FREE}, {SPIFFY} or one of {', '.join(REFERENCE_DRAFTERS)}")
-    if graph is not None and method != SPIFFY:
-        raise ValueError(f"--graph is a Spiffy draft graph; use it with --method {SPIFFY}, not {method}")
-    if method == DRAFT_FREE and budget:
-        raise ValueError(f"method {DRAFT_FREE} takes no budget (got {budget}); pick a drafter to use a budget")
+    """drafter_path: the method's checkpoint or graph (default: the one shipped for the block
+    length). With spiffy the budget is D*, the nodes kept by Spiffy's online pruning."""
+    if method != DRAFT_FREE and method not in KNOWN:
+        raise ValueError(f"unknown method {method!r}; choose {DRAFT_FREE} or one of {', '.join(KNOWN)}")
+    if method == DRAFT_FREE and (budget or drafter_path):
+        raise ValueError(f"method {DRAFT_FREE} takes no budget or --drafter; pick a drafter method to use them")
+    if method != DRAFT_FREE and budget < 1:
+        raise ValueError(f"method {method} needs --budget >= 1 (draft nodes per verify forward), got {budget}")
     sampling = Sampling(temperature=temperature, top_k=top_k, top_p=top_p)
     # Validate the settings before loading weights.
     DecodeConfig(policy=policy, threshold=threshold, gen_length=gen_length, sampling=sampling, seed=seed, budget=budget)
@@ -73,17 +70,12 @@ def decode_prompt(
     ids = encode_prompt(model, prompt, chat)
     decode = model.tokenizer.decode
     drafter = None
-    if method == SPIFFY:
-        from spot_eval.spiffy_calibrate import graph_for_target  # it imports this module
-
-        drafter = SpiffyDrafter(graph_for_target(model, policy, graph), prune_to=None)
-    elif method != DRAFT_FREE:
-        reference = generate(model, ids, DecodeConfig(**{**config.__dict__, "budget": 0}), decode=decode, record=True)
-        drafter = {
-            "random": lambda: RandomDrafter(model.vocab_size, seed=seed),
-            "adversarial": lambda: AdversarialDrafter(reference.trajectory, model.vocab_size),
-            "oracle": lambda: OracleDrafter(reference.trajectory),
-        }[method]()
+    if method != DRAFT_FREE:
+        spec = MethodSpec(method, budget, drafter_path)
+        reference = None
+        if spec.needs_reference:
+            reference = generate(model, ids, DecodeConfig(**{**config.__dict__, "budget": 0}), record=True)
+        drafter = build_drafter(spec, model, policy, reference)
     result = generate(model, ids, config, drafter=drafter, decode=decode)
     s = result.stats
     return {

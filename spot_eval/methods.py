@@ -84,6 +84,8 @@ def build_drafter(spec: MethodSpec, target, policy: str, reference=None) -> Draf
         return OracleDrafter(reference.trajectory)
     if spec.name == "adversarial":
         return AdversarialDrafter(reference.trajectory, target.vocab_size)
+    if spec.path and not Path(spec.path).exists():
+        raise FileNotFoundError(f"{spec.name} drafter file {spec.path} does not exist")
     path = Path(spec.path) if spec.path else default_drafter_path(spec.name, target.block_length)
     if not path.exists():
         raise FileNotFoundError(

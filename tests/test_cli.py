@@ -45,7 +45,9 @@ def test_decode_prints_the_json_contract_and_methods_agree(checkpoint):
     "args, message",
     [
         (["--method", "nope"], "unknown method 'nope'"),
-        (["--method", "random", "--budget", "-1"], "budget must be >= 0"),
+        (["--method", "random", "--budget", "-1"], "needs --budget >= 1"),
+        (["--budget", "3"], "takes no budget"),
+        (["--method", "spot", "--budget", "4", "--drafter", "/nowhere.pt"], "does not exist"),
         (["--temperature", "-1"], "temperature must be >= 0"),
         (["--unmasking", "greedy"], "unknown unmasking policy 'greedy'"),
         (["--chat"], "--chat needs a chat template"),

@@ -271,11 +271,11 @@ def test_calibration_is_deterministic_and_its_graph_decodes_losslessly(tmp_path,
     decode = ["decode", "--target", checkpoint, "--prompt", "t1 t2 t3 t4 t5", "--gen-length", "40", "--json"]
     main(decode)
     reference = json.loads(capsys.readouterr().out)
-    main([*decode, "--method", "spiffy", "--budget", "3", "--graph", str(outs[0])])
+    main([*decode, "--method", "spiffy", "--budget", "3", "--drafter", str(outs[0])])
     spiffy = json.loads(capsys.readouterr().out)
     assert spiffy["token_ids"] == reference["token_ids"] and spiffy["method"] == "spiffy"
 
     with pytest.raises(SystemExit) as exit_:
-        main([*decode, "--method", "spiffy", "--budget", "3", "--graph", str(outs[0]), "--unmasking", "threshold"])
+        main([*decode, "--method", "spiffy", "--budget", "3", "--drafter", str(outs[0]), "--unmasking", "threshold"])
     assert exit_.value.code == 2
     assert "differs in policy: 'single' vs 'threshold'" in capsys.readouterr().err
