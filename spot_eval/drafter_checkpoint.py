@@ -1,0 +1,186 @@
+"""The order-model drafter on disk, and the target fingerprint that ties it to its target.
+
+A checkpoint is one `torch.save`d dict, read back with `torch.load(path, weights_only=True)`:
+
+    {"format": "spot-order-model/1", "state_dict": {...}, "state_sha256": "...",
+     "config": OrderModelConfig.to_dict(), "fingerprint": target_fingerprint(...),
+     "metrics": {...held-out accuracies...}, "gamma": None}
+
+`state_sha256` is there because torch's zip reader does not check the data it reads: a flipped byte
+inside a weight tensor loads silently and only makes the drafter worse. Every way a file can be
+damaged is therefore a `ValueError` naming the file, never a quietly slower decode.
+
+The fingerprint identifies what a drafter was trained on: the target's weights and tokenizer, the
+block length and the commit policy. The trajectories' manifest carries the same dict, so collect,
+train-drafter and the drafter loader all compare one thing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from spot.drafters.order_model import OrderModel, OrderModelConfig
+from spot.targets.sdar import SDARTarget
+
+FORMAT = "spot-order-model/1"
+KEYS = ("format", "state_dict", "state_sha256", "config", "fingerprint", "metrics", "gamma")
+# What must agree between a drafter and the target it drafts for; "model" (the directory name) is
+# informational, so a copied or renamed target directory still matches.
+IDENTITY = ("tokenizer_sha256", "weights_digest", "block_length", "policy")
+_DIGEST_SPAN = 1 << 20  # bytes hashed at each end of a weight file
+
+
+def _sha256_file(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def weights_digest(directory: Path) -> str:
+    """sha256 over each weight file's name, size, first and last MiB.
+
+    Hashing whole files would cost a minute for an 8B target at every load; the ends hold the
+    safetensors header and the first and last tensors' values, which any retraining changes.
+    """
+    files = sorted(p for p in directory.iterdir() if p.suffix in (".safetensors", ".bin"))
+    if not files:
+        raise ValueError(f"{directory} holds no *.safetensors or *.bin weights to fingerprint")
+    digest = hashlib.sha256()
+    for path in files:
+        size = path.stat().st_size
+        with path.open("rb") as f:
+            head = f.read(_DIGEST_SPAN)
+            f.seek(max(size - _DIGEST_SPAN, 0))
+            tail = f.read(_DIGEST_SPAN)
+        digest.update(f"{path.name}:{size}:".encode() + head + tail)
+    return digest.hexdigest()
+
+
+def target_fingerprint(target: SDARTarget, policy: str) -> dict:
+    """The identity of (target, block length, commit policy) that trajectories and drafters carry."""
+    directory = Path(target.name)
+    tokenizer = directory / "tokenizer.json"
+    if not target.name or not tokenizer.is_file():
+        raise ValueError(
+            f"cannot fingerprint target {target.name!r}: load it from a model directory with a tokenizer.json "
+            "(SDARTarget.from_pretrained)"
+        )
+    return {
+        "model": directory.resolve().name,
+        "tokenizer_sha256": _sha256_file(tokenizer),
+        "weights_digest": weights_digest(directory),
+        "block_length": target.block_length,
+        "policy": policy,
+    }
+
+
+def fingerprint_mismatch(recorded: dict, actual: dict) -> list[str]:
+    """The identity fields on which two fingerprints differ, as 'field: recorded vs actual'."""
+    return [f"{k}: {recorded.get(k)!r} vs {actual.get(k)!r}" for k in IDENTITY if recorded.get(k) != actual.get(k)]
+
+
+def check_fingerprint(checkpoint_fp: dict, target_fp: dict) -> None:
+    """Raise ValueError naming both fingerprints when a drafter was trained for another target."""
+    differences = fingerprint_mismatch(checkpoint_fp, target_fp)
+    if differences:
+        raise ValueError(
+            f"this drafter was trained for target {json.dumps(checkpoint_fp)} but is used with target "
+            f"{json.dumps(target_fp)} (differs in {'; '.join(differences)}); train a drafter for this target "
+            "and block length (spot-eval collect, then spot-eval train-drafter)"
+        )
+
+
+def state_sha256(state_dict: dict[str, torch.Tensor]) -> str:
+    """sha256 over every tensor's name, dtype, shape and bytes, in name order."""
+    digest = hashlib.sha256()
+    for name in sorted(state_dict):
+        tensor = state_dict[name].detach().cpu().contiguous()
+        digest.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)}:".encode())
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+@dataclass(frozen=True)
+class DrafterCheckpoint:
+    """A loaded, verified checkpoint: `model` holds the weights (eval mode, on the CPU)."""
+
+    path: str
+    model: OrderModel
+    config: OrderModelConfig
+    fingerprint: dict
+    metrics: dict
+    gamma: tuple[float, ...] | None  # SPOT-gamma's per-depth exponents (spot.drafters.spot), None for plain SPOT
+
+
+def save_checkpoint(
+    path: str | Path, model: OrderModel, fingerprint: dict, metrics: dict, gamma: Sequence[float] | None = None
+) -> None:
+    """Write atomically (temp file + rename): an interrupted save never leaves a half checkpoint."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+    payload = {
+        "format": FORMAT,
+        "state_dict": state,
+        "state_sha256": state_sha256(state),
+        "config": model.config.to_dict(),
+        "fingerprint": dict(fingerprint),
+        "metrics": metrics,
+        "gamma": None if gamma is None else [float(g) for g in gamma],
+    }
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(payload, tmp)
+    os.replace(tmp, path)
+
+
+def load_checkpoint(path: str | Path) -> DrafterCheckpoint:
+    """Load and verify a drafter checkpoint.
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: naming the file, for a corrupt, truncated or foreign file.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"drafter checkpoint {path} does not exist; train one with spot-eval train-drafter")
+
+    def corrupt(why: str) -> ValueError:
+        return ValueError(
+            f"drafter checkpoint {path} is corrupt or truncated ({why}); retrain it (spot-eval train-drafter) "
+            "or re-download it"
+        )
+
+    try:
+        raw = torch.load(path, weights_only=True, map_location="cpu")
+    except Exception as err:  # torch raises many kinds here (zip, unpickling, unicode, EOF)
+        raise corrupt(f"torch.load failed: {type(err).__name__}: {str(err)[:200]}") from None
+    if not isinstance(raw, dict) or raw.get("format") != FORMAT:
+        found = raw.get("format") if isinstance(raw, dict) else type(raw).__name__
+        raise corrupt(f"format {found!r}, expected {FORMAT!r}")
+    missing = [k for k in KEYS if k not in raw]
+    if missing:
+        raise corrupt(f"missing keys {missing}")
+    state = raw["state_dict"]
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise corrupt("state_dict is not a dict of tensors")
+    if state_sha256(state) != raw["state_sha256"]:
+        raise corrupt("the weights do not match their recorded sha256")
+    try:
+        config = OrderModelConfig(**raw["config"])
+        model = OrderModel(config)
+        model.load_state_dict(state, strict=True)
+    except (TypeError, RuntimeError) as err:
+        raise corrupt(f"the weights do not fit the recorded config: {str(err)[:300]}") from None
+    fingerprint = raw["fingerprint"]
+    missing_fp = [k for k in IDENTITY if not isinstance(fingerprint, dict) or k not in fingerprint]
+    if missing_fp:
+        raise corrupt(f"the target fingerprint lacks {missing_fp}")
+    gamma = raw["gamma"]
+    if gamma is not None and not (isinstance(gamma, list) and all(isinstance(g, float) for g in gamma)):
+        raise corrupt(f"gamma is {gamma!r}, expected null or a list of floats")
+    return DrafterCheckpoint(str(path), model.eval(), config, fingerprint, raw["metrics"], None if gamma is None else tuple(gamma))

@@ -1,0 +1,177 @@
+"""`spot-eval collect` and the trajectory shards: what is recorded, resuming, refusing to mix data,
+and the end-to-end path to a drafter checkpoint, on a tiny random target directory."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+
+import pytest
+import torch
+from conftest import write_checkpoint
+
+from spot import DecodeConfig, Sampling, generate
+from spot.drafters.order_examples import example_index, make_examples
+from spot.drafters.order_model import predict, step_noise_at_topk
+from spot_eval.cli import main
+from spot_eval.collect import collect, plan
+from spot_eval.corpus import training_pairs
+from spot_eval.decode import encode_prompt, load_target
+from spot_eval.drafter_checkpoint import check_fingerprint, load_checkpoint, target_fingerprint
+from spot_eval.trajectories import read_blocks, read_manifest
+
+GEN = 32
+SETTINGS = {"policy": "single", "block_length": None, "gen_length": GEN, "temperatures": (0.0, 1.0), "seed": 3,
+            "shard_size": 2, "chat": False}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models are overhead-bound: on a shared machine a second torch thread mostly spins."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    return write_checkpoint(tmp_path_factory.mktemp("target") / "ckpt")
+
+
+@pytest.fixture(scope="module")
+def recorded(checkpoint, tmp_path_factory):
+    out = tmp_path_factory.mktemp("traj") / "single"
+    result = collect(checkpoint, out, prompts=4, **SETTINGS)
+    return out, result
+
+
+def test_collect_writes_compact_shards_and_a_manifest(checkpoint, recorded):
+    out, result = recorded
+    assert (result.decoded, result.shards_written, result.shards_skipped) == (4, 2, 0)
+    manifest = read_manifest(out)
+    fp = manifest.fingerprint
+    assert fp["tokenizer_sha256"] == hashlib.sha256((checkpoint / "tokenizer.json").read_bytes()).hexdigest()
+    assert (fp["model"], fp["block_length"], fp["policy"]) == ("ckpt", 16, "single")
+    assert manifest.settings.topk == 32 and manifest.settings.temperatures == (0.0, 1.0) and manifest.settings.gen_length == GEN
+    assert [(s.file, s.first, s.count, s.requests) for s in manifest.shards] == [
+        ("shard-00000.pt", 0, 2, 2),
+        ("shard-00001.pt", 2, 2, 2),
+    ]
+    shard = torch.load(out / "shard-00000.pt", weights_only=True)
+    assert shard["states"].dtype == torch.int16 and shard["topk_ids"].dtype == torch.int16
+    assert shard["topk_logprobs"].dtype == torch.float16 and shard["topk_logprobs"].shape[1:] == (16, 32)
+    assert sorted({p.source for p in training_pairs()}) == ["gsm8k", "math", "mbpp"]
+    assert not list(out.glob("*.tmp"))
+
+
+def test_rerun_skips_finished_shards_and_redoes_missing_ones(checkpoint, recorded, tmp_path):
+    out = tmp_path / "copy"
+    shutil.copytree(recorded[0], out)
+    again = collect(checkpoint, out, prompts=4, **SETTINGS)
+    assert (again.decoded, again.shards_written, again.shards_skipped) == (0, 0, 2)
+    (out / "shard-00001.pt").unlink()  # as if the run died before this shard was renamed into place
+    redo = collect(checkpoint, out, prompts=5, **SETTINGS)  # and ask for one prompt more
+    assert (redo.decoded, redo.shards_written, redo.shards_skipped) == (3, 2, 1)
+    assert [s.count for s in read_manifest(out).shards] == [2, 2, 1]
+    first = read_blocks(recorded[0], "single")
+    assert all(torch.equal(a.states, b.states) for a, b in zip(first, read_blocks(out, "single"), strict=False))
+
+
+def test_recorded_blocks_are_what_a_fresh_decode_gives(checkpoint, recorded):
+    blocks = read_blocks(recorded[0], "single")
+    requests = plan(4, SETTINGS["seed"], len(training_pairs()))
+    assert list(dict.fromkeys(b.request for b in blocks)) == requests  # plan order, one request per prompt
+    target = load_target(checkpoint, None)
+    for position in (0, 1):  # T = 0 and T = 1
+        request = requests[position]
+        config = DecodeConfig(block_length=16, gen_length=GEN, seed=SETTINGS["seed"], sampling=Sampling(temperature=float(position)))
+        ids = encode_prompt(target, training_pairs()[request].prompt, chat=False)
+        traces = generate(target, ids, config, request=request, record=True, record_topk=32).trajectory
+        mine = [b for b in blocks if b.request == request]
+        assert [b.block for b in mine] == [t.block for t in traces] and {b.temperature for b in mine} == {float(position)}
+        for block, trace in zip(mine, traces, strict=True):
+            assert torch.equal(block.states, trace.states) and torch.equal(block.topk_ids.long(), trace.topk_ids)
+            torch.testing.assert_close(block.topk_logprobs.float(), trace.topk_logprobs.clamp_min(-60), atol=0.02, rtol=1e-3)
+
+
+def test_examples_and_labels_agree_with_the_trajectory(recorded):
+    agree = total = 0
+    for block in read_blocks(recorded[0], "single"):
+        committed = block.committed_positions()  # [S]
+        tokens = block.states[1:].gather(1, committed[:, None])[:, 0]  # [S] the committed tokens
+        pairs = example_index(block, max_depth=4)
+        batch = make_examples(block, pairs, buckets=128)
+        for (s, d), label, candidates in zip(pairs, batch.labels, batch.candidates, strict=True):
+            assert int(label) == int(committed[s + d]) and bool(candidates[label])
+            assert torch.equal(candidates, block.states[s + d] == block.mask_id)
+        for s in range(committed.numel()):  # the recorded top-k is the distribution step s was decided on
+            p, ids = int(committed[s]), block.topk_ids[s].long()
+            if block.temperature == 0:
+                assert int(tokens[s]) == int(ids[p, 0])
+            elif int(tokens[s]) in ids[p].tolist():  # Gumbel-max over the vocabulary, won inside the top-k
+                noise = step_noise_at_topk(block.seed, block.request, block.block, s, ids)
+                drawn = predict(block.topk_logprobs[s].float(), ids, block.temperature, noise).tokens[p, 0]
+                agree, total = agree + int(int(drawn) == int(tokens[s])), total + 1
+    assert total > 20 and agree / total > 0.95  # float16 log-probabilities may flip a near tie
+
+
+def test_another_policy_or_setting_in_the_same_directory_fails(checkpoint, recorded):
+    out = recorded[0]
+    with pytest.raises(ValueError, match="policy: 'single' vs 'threshold'") as err:
+        collect(checkpoint, out, prompts=4, **{**SETTINGS, "policy": "threshold"})
+    assert str(out) in str(err.value) and "use another --out" in str(err.value)
+    with pytest.raises(ValueError, match="gen_length: 32 vs 48"):
+        collect(checkpoint, out, prompts=4, **{**SETTINGS, "gen_length": 48})
+
+
+def test_read_blocks_rejects_another_policy(recorded):
+    with pytest.raises(ValueError, match="trajectory shards from a different policy") as err:
+        read_blocks(recorded[0], "threshold")
+    assert "'single'" in str(err.value) and "'threshold'" in str(err.value)
+    with pytest.raises(FileNotFoundError, match="spot-eval collect"):
+        read_blocks(recorded[0] / "nowhere", "single")
+
+
+def test_target_fingerprint_ties_a_drafter_to_target_and_block_length(checkpoint, tmp_path):
+    fp16 = target_fingerprint(load_target(checkpoint, None), "single")
+    check_fingerprint(fp16, target_fingerprint(load_target(checkpoint, None), "single"))
+    with pytest.warns(UserWarning, match="differs from the checkpoint's block_size"):
+        fp8 = target_fingerprint(load_target(checkpoint, 8), "single")
+    with pytest.raises(ValueError, match="differs in block_length: 16 vs 8"):
+        check_fingerprint(fp16, fp8)
+    other = write_checkpoint(tmp_path / "other", tokenizer_vocab=65)  # another tokenizer
+    with pytest.raises(ValueError, match="tokenizer_sha256"):
+        check_fingerprint(fp16, target_fingerprint(load_target(other, None), "single"))
+
+
+def test_cli_collect_then_train_drafter(checkpoint, tmp_path, capsys):
+    out, drafter = tmp_path / "traj", tmp_path / "spot.pt"
+    main(["collect", "--target", str(checkpoint), "--out", str(out), "--prompts", "3", "--gen-length", str(GEN),
+          "--no-chat", "--shard-size", "2", "--temperatures", "0,1.5"])
+    assert json.loads(capsys.readouterr().out)["decoded"] == 3
+    main(["train-drafter", "--trajectories", str(out), "--out", str(drafter), "--steps", "3", "--batch-size", "32",
+          "--heldout", "0.34", "--max-depth", "2"])
+    captured = capsys.readouterr()
+    assert "order model parameters: 624641" in captured.err
+    summary = json.loads(captured.out)
+    assert summary["steps"] == 3 and len(summary["heldout_top1_by_depth"]) == 2 and summary["heldout_requests"] == 1
+    loaded = load_checkpoint(drafter)
+    check_fingerprint(loaded.fingerprint, target_fingerprint(load_target(checkpoint, None), "single"))
+    assert loaded.metrics["heldout_top1_depth0"] == summary["heldout_top1_depth0"]
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--policy", "greedy"], "unknown unmasking policy 'greedy'"),
+        (["--temperatures", "0,x"], "--temperatures takes comma-separated numbers"),
+        (["--prompts", "0"], "must be >= 1"),
+        ([], "has no chat template; pass --no-chat"),
+    ],
+)
+def test_cli_bad_input_is_one_clear_line(checkpoint, tmp_path, capsys, args, message):
+    with pytest.raises(SystemExit) as exit_:
+        main(["collect", "--target", str(checkpoint), "--out", str(tmp_path / "x"), "--prompts", "2", *args])
+    assert exit_.value.code == 2 and message in capsys.readouterr().err
