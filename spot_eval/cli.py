@@ -263,6 +263,25 @@ def _run_sync(args: argparse.Namespace) -> None:
         raise SystemExit(2) from None
 
 
+def _add_fit_gamma(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("fit-gamma", help="fit SPOT-gamma's per-depth exponents on held-out trajectories")
+    p.add_argument("--drafter", required=True, help="the SPOT checkpoint (.pt) to fit for")
+    p.add_argument("--trajectories", nargs="+", required=True, help="the trajectory dirs the drafter was trained on")
+    p.add_argument("--budget", type=int, default=20, help="the draft budget to fit for")
+    p.add_argument("--max-blocks", type=int, default=200, help="held-out blocks replayed per grid point")
+    p.add_argument("--out", default=None, help="where to save (default: update --drafter in place)")
+    p.set_defaults(func=_run_fit_gamma)
+
+
+def _run_fit_gamma(args: argparse.Namespace) -> None:
+    from spot_eval.fit_gamma import fit_gamma_command
+
+    if args.budget < 1:
+        raise ValueError(f"--budget must be >= 1, got {args.budget}")
+    report = fit_gamma_command(args.drafter, args.trajectories, args.budget, args.out, args.max_blocks)
+    print(json.dumps({k: v for k, v in report.items() if k != "grid"}))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="spot-eval", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -272,6 +291,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_train_drafter(sub)
     _add_spiffy_calibrate(sub)
     _add_sync(sub)
+    _add_fit_gamma(sub)
     return parser
 
 

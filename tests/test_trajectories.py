@@ -160,6 +160,12 @@ def test_cli_collect_then_train_drafter(checkpoint, tmp_path, capsys):
     loaded = load_checkpoint(drafter)
     check_fingerprint(loaded.fingerprint, target_fingerprint(load_target(checkpoint, None), "single"))
     assert loaded.metrics["heldout_top1_depth0"] == summary["heldout_top1_depth0"]
+    # SPOT-gamma: fitted on the held-out requests, stored in a copy, usable as a method.
+    gamma_path = tmp_path / "spot_gamma.pt"
+    main(["fit-gamma", "--drafter", str(drafter), "--trajectories", str(out), "--budget", "4", "--out", str(gamma_path)])
+    fit = json.loads(capsys.readouterr().out)
+    assert fit["commits_per_forward"] >= fit["spot_commits_per_forward"] >= 1.0
+    assert load_checkpoint(gamma_path).gamma[:8] == tuple(fit["gamma"]) and load_checkpoint(drafter).gamma is None
 
 
 @pytest.mark.parametrize(
