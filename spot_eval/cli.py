@@ -66,16 +66,17 @@ def _run_decode(args: argparse.Namespace) -> None:
 
 def _add_train_target(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
-        "train-target", help="train the embedded target (tokenizer + block-diffusion Qwen3) on the training splits"
+        "train-target", help="train the embedded target (BPE tokenizer, block-diffusion Qwen3) from scratch"
     )
     p.add_argument("--out", required=True, help="output model directory")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--steps", type=int, default=None, help="optimizer steps (fixes the weights with the seed)")
-    p.add_argument("--minutes", type=float, default=55.0, help="safety cap: stop early (and say so) after this long")
+    p.add_argument("--steps", type=int, default=None, help="optimizer steps (fix the weights with the seed)")
+    p.add_argument("--minutes", type=float, default=55.0, help="safety cap: stop early (and say so) after it")
     p.add_argument("--device", default="cpu", help="cpu | cuda")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--batch-tokens", type=int, default=None, help="sequence positions per batch")
     p.add_argument("--lr", type=float, default=None)
+    p.add_argument("--warmup", type=int, default=None, help="linear warm-up steps")
     p.add_argument("--layers", type=int, default=None)
     p.add_argument("--vocab-size", type=int, default=None)
     p.add_argument("--sources", nargs="+", default=["gsm8k", "math", "mbpp"], help="training pair sources")
@@ -89,14 +90,23 @@ def _run_train_target(args: argparse.Namespace) -> None:
     from spot_eval.corpus import training_pairs
     from spot_eval.train_target import TrainConfig, train
 
-    config = TrainConfig(seed=args.seed, minutes=args.minutes, device=args.device, threads=args.threads, bf16=not args.fp32)
-    overrides = {"steps": args.steps, "batch_tokens": args.batch_tokens, "lr": args.lr, "vocab_size": args.vocab_size}
+    config = TrainConfig(
+        seed=args.seed, minutes=args.minutes, device=args.device, threads=args.threads, bf16=not args.fp32
+    )
+    overrides = {
+        "steps": args.steps,
+        "batch_tokens": args.batch_tokens,
+        "lr": args.lr,
+        "warmup": args.warmup,
+        "vocab_size": args.vocab_size,
+    }
     config = replace(config, **{k: v for k, v in overrides.items() if v is not None})
     if args.layers is not None:
         config = replace(config, model=replace(config.model, layers=args.layers))
     log = train(config, training_pairs(tuple(args.sources)), args.out)
-    summary = ("parameters", "steps", "stopped_early", "wall_seconds", "heldout_loss_block16", "heldout_loss_block32")
-    print(json.dumps({"out": args.out, **{k: log.get(k) for k in summary}, "final_train_loss": log["curve"][-1]["loss"]}))
+    summary = {k: log[k] for k in ("parameters", "steps", "stopped_early", "wall_seconds")}
+    summary |= {k: v for k, v in log.items() if k.startswith("heldout_loss_block")}
+    print(json.dumps({"out": args.out, **summary, "final_train_loss": log["curve"][-1]["loss"]}))
 
 
 def _add_collect(sub: argparse._SubParsersAction) -> None:

@@ -46,7 +46,8 @@ CHAT_TEMPLATE = (
 )
 # Qwen2's pre-tokenizer split: digits stand alone (arithmetic needs them), words keep a leading space.
 SPLIT_PATTERN = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 
 
@@ -55,7 +56,7 @@ class ModelSize:
     """The Qwen3 decoder's shape; the vocabulary comes from the tokenizer."""
 
     hidden: int = 256
-    layers: int = 4
+    layers: int = 6
     heads: int = 4
     kv_heads: int = 2
     head_dim: int = 64
@@ -69,10 +70,10 @@ class TrainConfig:
     """Everything that fixes the trained weights (with the pairs); `minutes` is only a safety cap."""
 
     seed: int = 0
-    steps: int = 900
+    steps: int = 400
     batch_tokens: int = 3072  # sequence positions per batch (x_0 half), batch padding included
-    lr: float = 3e-3
-    warmup: int = 50
+    lr: float = 2e-3
+    warmup: int = 40
     min_lr_ratio: float = 0.1
     weight_decay: float = 0.1
     grad_clip: float = 1.0
@@ -81,7 +82,7 @@ class TrainConfig:
     max_tokens: int = 512  # longer sequences lose the end of their answer
     vocab_size: int = 6144
     heldout_fraction: float = 0.02
-    eval_every: int = 300
+    eval_every: int = 200
     log_every: int = 10
     minutes: float | None = None
     device: str = "cpu"
@@ -94,11 +95,11 @@ class TrainConfig:
             raise ValueError(f"steps must be >= 1, got {self.steps}")
         if any(self.max_tokens % k for k in self.block_lengths) or self.block_size not in self.block_lengths:
             raise ValueError(
-                f"max_tokens {self.max_tokens} must be a multiple of every block length {self.block_lengths}, "
+                f"max_tokens {self.max_tokens} must be a multiple of each block length {self.block_lengths}, "
                 f"and block_size {self.block_size} one of them"
             )
         if self.batch_tokens < self.max_tokens:
-            raise ValueError(f"batch_tokens {self.batch_tokens} must hold one max_tokens ({self.max_tokens}) sequence")
+            raise ValueError(f"batch_tokens {self.batch_tokens} must be >= max_tokens {self.max_tokens}")
 
 
 @dataclass(frozen=True)
@@ -151,10 +152,8 @@ def encode(tokenizer: PreTrainedTokenizerFast, pairs: Sequence, max_tokens: int)
 
     Pairs whose prompt leaves less than an eighth of max_tokens for the answer are dropped.
     """
-    prompts = [
-        tokenizer.apply_chat_template([{"role": "user", "content": p.prompt}], add_generation_prompt=True, tokenize=False)
-        for p in pairs
-    ]
+    chats = [[{"role": "user", "content": p.prompt}] for p in pairs]
+    prompts = [tokenizer.apply_chat_template(c, add_generation_prompt=True, tokenize=False) for c in chats]
     prompt_ids = tokenizer(prompts, add_special_tokens=False)["input_ids"]
     answer_ids = tokenizer([p.answer + IM_END for p in pairs], add_special_tokens=False)["input_ids"]
     return [
@@ -224,8 +223,9 @@ def diffusion_loss(
     n, length = x0.shape
     ids = torch.cat([xt, x0], dim=1)  # [B, 2L]
     positions = torch.arange(length, device=x0.device).repeat(2)[None].expand(n, -1)  # [B, 2L]
-    mask = block_diffusion_mask(length, block).to(x0.device)[None, None].expand(n, 1, -1, -1)  # [B, 1, 2L, 2L]
-    hidden = model.model(input_ids=ids, position_ids=positions, attention_mask=mask, use_cache=False).last_hidden_state
+    mask = block_diffusion_mask(length, block).to(x0.device).expand(n, 1, -1, -1)  # [B, 1, 2L, 2L]
+    out = model.model(input_ids=ids, position_ids=positions, attention_mask=mask, use_cache=False)
+    hidden = out.last_hidden_state  # [B, 2L, d]
     logits = model.lm_head(hidden[:, :length][masked])  # [M, V], the masked x_t positions only
     return F.cross_entropy(logits.float(), x0[masked], reduction="sum"), int(masked.sum())
 
@@ -279,11 +279,14 @@ def learning_rate(config: TrainConfig, step: int) -> float:
     if step < config.warmup:
         return config.lr * (step + 1) / config.warmup
     progress = (step - config.warmup) / max(config.steps - config.warmup, 1)
-    return config.lr * (config.min_lr_ratio + (1 - config.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+    cosine = 0.5 * (1 + math.cos(math.pi * progress))
+    return config.lr * (config.min_lr_ratio + (1 - config.min_lr_ratio) * cosine)
 
 
 @torch.no_grad()
-def heldout_loss(model: Qwen3ForCausalLM, examples: Sequence[Example], block: int, config: TrainConfig) -> float | None:
+def heldout_loss(
+    model: Qwen3ForCausalLM, examples: Sequence[Example], block: int, config: TrainConfig
+) -> float | None:
     """Mean masked cross-entropy with a fixed masking seed, so values compare across steps and runs."""
     if not examples:
         return None
@@ -301,12 +304,15 @@ def heldout_loss(model: Qwen3ForCausalLM, examples: Sequence[Example], block: in
     return total / max(count, 1)
 
 
-def save_target(model: Qwen3ForCausalLM, tokenizer: PreTrainedTokenizerFast, out: Path, block_size: int) -> None:
+def save_target(
+    model: Qwen3ForCausalLM, tokenizer: PreTrainedTokenizerFast, out: Path, block_size: int
+) -> None:
     """A standard transformers directory plus SDAR's `block_size` and `mask_token_id` fields."""
     model.config.block_size = block_size
     model.config.mask_token_id = SPECIAL_TOKENS.index(MASK)
     model.generation_config = GenerationConfig(
-        eos_token_id=[SPECIAL_TOKENS.index(IM_END), SPECIAL_TOKENS.index(EOT)], pad_token_id=SPECIAL_TOKENS.index(EOT)
+        eos_token_id=[SPECIAL_TOKENS.index(IM_END), SPECIAL_TOKENS.index(EOT)],
+        pad_token_id=SPECIAL_TOKENS.index(EOT),
     )
     model.cpu().save_pretrained(out)
     tokenizer.save_pretrained(out, save_jinja_files=False)  # the chat template stays in tokenizer_config.json
@@ -340,7 +346,7 @@ def train(config: TrainConfig, pairs: Sequence, out: str | Path) -> dict:
     train_set = encode(tokenizer, train_pairs, config.max_tokens)
     heldout = encode(tokenizer, heldout_pairs, config.max_tokens)
     if not train_set:
-        raise ValueError(f"no training sequences: all {len(train_pairs)} pairs have prompts too long for max_tokens")
+        raise ValueError(f"no training sequences: all {len(train_pairs)} prompts are too long for max_tokens")
     _progress(
         f"tokenizer: {len(tokenizer)} tokens; {len(train_set)} training / {len(heldout)} held-out sequences, "
         f"{sum(len(e.ids) for e in train_set)} training tokens ({time.perf_counter() - t0:.0f} s)"
@@ -357,7 +363,8 @@ def train(config: TrainConfig, pairs: Sequence, out: str | Path) -> dict:
         fused=True,  # the unfused CPU AdamW costs about as much as the forward of this small model
     )
     longest = max(config.block_lengths)
-    plan = batch_plan([math.ceil(len(e.ids) / longest) * longest for e in train_set], config.batch_tokens, rng)
+    lengths = [math.ceil(len(e.ids) / longest) * longest for e in train_set]
+    plan = batch_plan(lengths, config.batch_tokens, rng)
 
     curve: list[dict] = []
     evals: list[dict] = []
@@ -365,16 +372,14 @@ def train(config: TrainConfig, pairs: Sequence, out: str | Path) -> dict:
     tokens_seen, stopped_early, step = 0, False, 0
     t_train = time.perf_counter()
     for step in range(config.steps):
-        if config.minutes is not None and time.perf_counter() - t0 > 60 * config.minutes:
-            stopped_early = True
-            break
         block = rng.choice(config.block_lengths)
         batch = make_batch([train_set[i] for i in next(plan)], block)
         xt, masked = mask_answers(batch, block, generator)
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(config, step)
         with _autocast(config):
-            loss_sum, count = diffusion_loss(model, *(t.to(config.device) for t in (batch.x0, xt, masked)), block)
+            tensors = (t.to(config.device) for t in (batch.x0, xt, masked))
+            loss_sum, count = diffusion_loss(model, *tensors, block)
         (loss_sum / max(count, 1)).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
         optimizer.step()
@@ -384,19 +389,25 @@ def train(config: TrainConfig, pairs: Sequence, out: str | Path) -> dict:
         window_loss += loss_sum.item()
         window_count += count
         window_positions += batch.x0.numel()
-        if (step + 1) % config.log_every == 0 or step + 1 == config.steps:
+        out_of_time = config.minutes is not None and time.perf_counter() - t0 > 60 * config.minutes
+        if (step + 1) % config.log_every == 0 or step + 1 == config.steps or out_of_time:
             seconds = time.perf_counter() - window_t
-            entry = {"step": step + 1, "loss": window_loss / max(window_count, 1), "lr": learning_rate(config, step)}
+            entry = {"step": step + 1, "loss": window_loss / max(window_count, 1)}
+            entry["lr"] = learning_rate(config, step)
             curve.append(entry)
             _progress(
                 f"step {step + 1}/{config.steps}  loss {entry['loss']:.3f}  lr {entry['lr']:.2e}  "
                 f"{window_positions / seconds:.0f} tok/s  {time.perf_counter() - t0:.0f} s"
             )
             window_loss, window_count, window_positions, window_t = 0.0, 0, 0, time.perf_counter()
+        if out_of_time:
+            stopped_early = step + 1 < config.steps
+            break
         if (step + 1) % config.eval_every == 0 and step + 1 < config.steps:
-            evals.append({"step": step + 1, "heldout_loss": heldout_loss(model, heldout, config.block_size, config)})
+            loss = heldout_loss(model, heldout, config.block_size, config)
+            evals.append({"step": step + 1, "heldout_loss": loss})
             _progress(f"step {step + 1}  held-out loss {evals[-1]['heldout_loss']}")
-    steps_done = step + 1 if not stopped_early else step
+    steps_done = step + 1
     train_seconds = time.perf_counter() - t_train
 
     final = {f"heldout_loss_block{k}": heldout_loss(model, heldout, k, config) for k in config.block_lengths}

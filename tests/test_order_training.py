@@ -97,6 +97,7 @@ def test_split_is_by_request_and_seeded():
     train_blocks, heldout = split_by_request(blocks, 0.1, seed=3)
     assert {b.request for b in train_blocks}.isdisjoint({b.request for b in heldout})
     assert len({b.request for b in heldout}) == 2 and len(train_blocks) + len(heldout) == len(blocks)
+    assert {b.temperature for b in heldout} == {0.0, 1.0}  # stratified by temperature
     assert [b.request for b in split_by_request(blocks, 0.1, seed=3)[1]] == [b.request for b in heldout]
     with pytest.raises(ValueError, match="needs >= 2 requests"):
         split_by_request(blocks[:2], 0.1, seed=0)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import random
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from conftest import MASK_ID, tiny_qwen3
@@ -56,7 +56,7 @@ TINY = TrainConfig(
     heldout_fraction=0.1,
     eval_every=2,
     log_every=1,
-    model=ModelSize(hidden=32, layers=2, heads=2, kv_heads=1, head_dim=16, intermediate=64, max_positions=256),
+    model=ModelSize(hidden=32, layers=2, heads=2, kv_heads=1, head_dim=16, intermediate=64),
 )
 
 
@@ -79,7 +79,8 @@ def test_training_mask_is_bd3lm_2l_layout():
 
 
 def test_masking_touches_answer_positions_only():
-    examples = [Example(ids=tuple(range(10, 10 + n)), n_prompt=p) for n, p in [(5, 3), (23, 17), (40, 1), (16, 16)]]
+    sizes = [(5, 3), (23, 17), (40, 1), (16, 16)]  # (tokens, prompt tokens)
+    examples = [Example(ids=tuple(range(10, 10 + n)), n_prompt=p) for n, p in sizes]
     batch = make_batch(examples, block=8)
     assert batch.n_real.tolist() == [8, 24, 40, 16]  # EOS-filled to whole blocks
     assert batch.x0[0, 5:].tolist() == [SPECIAL_TOKENS.index("<|endoftext|>")] * 35
@@ -133,12 +134,18 @@ def test_tiny_training_run_is_deterministic_and_decodes(tmp_path):
     )
     assert prompt == "<|im_start|>user\nWhat is 3 plus 4?<|im_end|>\n<|im_start|>assistant\n"
     ids = target.tokenizer(prompt, add_special_tokens=False)["input_ids"]
-    result = generate(target, ids, DecodeConfig(block_length=32, gen_length=40), decode=target.tokenizer.decode)
+    result = generate(target, ids, DecodeConfig(gen_length=40), decode=target.tokenizer.decode)
     assert result.finish_reason in ("eos", "length") and isinstance(result.text, str)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # block 16 differs from the declared block_size 32, by design
         target16 = SDARTarget.from_pretrained(tmp_path / "a", block_length=16)
     assert generate(target16, ids, DecodeConfig(block_length=16, gen_length=20)).stats.forwards >= 1
+
+
+def test_time_cap_stops_early_and_says_so(tmp_path):
+    log = train(replace(TINY, minutes=0.0), toy_pairs(), tmp_path)
+    assert log["steps"] == 1 and log["stopped_early"] and len(log["curve"]) == 1
+    assert (tmp_path / "model.safetensors").is_file()
 
 
 def test_shipped_target_loads_offline():
@@ -152,7 +159,8 @@ def test_shipped_target_loads_offline():
 
     tokenizer = AutoTokenizer.from_pretrained(EMBEDDED_TARGET)
     assert tokenizer.convert_ids_to_tokens(info.mask_id) == "<|MASK|>"
-    text = tokenizer.apply_chat_template([{"role": "user", "content": "2+2?"}], add_generation_prompt=True, tokenize=False)
+    chat = [{"role": "user", "content": "2+2?"}]
+    text = tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
     assert text == "<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n"
 
     target = SDARTarget.from_pretrained(EMBEDDED_TARGET)

@@ -104,13 +104,24 @@ class TrainResult:
 def split_by_request(
     blocks: Sequence[RecordedBlock], fraction: float, seed: int
 ) -> tuple[list[RecordedBlock], list[RecordedBlock]]:
-    """(train, held-out) blocks; a seeded `fraction` of the requests (at least one) is held out."""
-    requests = sorted({b.request for b in blocks})
-    if len(requests) < 2:
-        raise ValueError(f"a held-out split by request needs >= 2 requests, the trajectories hold {len(requests)}")
-    n_heldout = max(1, round(fraction * len(requests)))
-    order = torch.randperm(len(requests), generator=torch.Generator().manual_seed(seed))
-    heldout = {requests[i] for i in order[:n_heldout].tolist()}
+    """(train, held-out) blocks; a seeded `fraction` of the requests (at least one) is held out,
+    stratified by temperature: per-request accuracy varies a lot (0.35 to 0.99 on one target), and
+    T = 0 is harder than T > 0, so an unlucky temperature mix would move the metric."""
+    temperature: dict[int, float] = {}
+    for b in blocks:
+        temperature[b.request] = min(b.temperature, temperature.get(b.request, b.temperature))
+    if len(temperature) < 2:
+        raise ValueError(f"a held-out split by request needs >= 2 requests, the trajectories hold {len(temperature)}")
+    generator = torch.Generator().manual_seed(seed)
+    heldout: set[int] = set()
+    for t in sorted(set(temperature.values())):
+        requests = sorted(r for r, rt in temperature.items() if rt == t)
+        order = torch.randperm(len(requests), generator=generator)
+        heldout.update(requests[i] for i in order[: round(fraction * len(requests))].tolist())
+    if not heldout:  # too few requests for the fraction: hold out one
+        heldout.add(sorted(temperature)[int(torch.randint(len(temperature), (1,), generator=generator))])
+    if len(heldout) == len(temperature):
+        raise ValueError(f"held-out fraction {fraction} leaves no training request out of {len(temperature)}")
     return [b for b in blocks if b.request not in heldout], [b for b in blocks if b.request in heldout]
 
 
