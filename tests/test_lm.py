@@ -176,3 +176,21 @@ def test_first_difference_and_the_margin_at_a_divergence(checkpoint):
     wrong = (reference.token_ids[0], reference.token_ids[1] + 1, *reference.token_ids[2:])
     d = diverge(wrong, reference, len(ids))
     assert d.index == 1 and d.margin is not None and d.margin >= 0
+
+
+def test_a_divergence_is_logged_then_ends_the_run_naming_the_request(tmp_path):
+    from spot_eval.lossless import Divergence, MethodRecord
+    from spot_eval.session import RequestRecord, Session
+    from spot_eval.tracking import NullTracker
+
+    def record(label: str, tokens: tuple[int, ...], divergence=None) -> MethodRecord:
+        return MethodRecord(label, 0 if label == "draft_free" else 4, tokens, 5, 5, 1.0, 0.9, 0.0, (1,) * 5, divergence)
+
+    methods = [record("draft_free", (1, 2, 3)), record("spot", (1, 9, 3), Divergence(index=1, margin=0.002))]
+    session = Session(SpotArgs(fail_on_divergence=True), {}, NullTracker(), out_dir=tmp_path / "run")
+    session.add(RequestRecord("spot_gsm8k", 7, 0, 123, "abc", "t1", methods))
+    with pytest.raises(SystemExit, match=r"spot_gsm8k doc 7 \(repeat 0\) spot@4: first divergent token 1, logit margin 0.002"):
+        session.finish({"results": {}})
+    rows = [json.loads(line) for line in (tmp_path / "run" / "samples.jsonl").open()]
+    assert [r["lossless"] for r in rows] == [True, False]  # written before the run ended
+    Session(SpotArgs(fail_on_divergence=False), {}, NullTracker(), out_dir=tmp_path / "quiet").finish(None)
