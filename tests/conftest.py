@@ -64,6 +64,15 @@ def write_checkpoint(path: Path, config_overrides: dict | None = None, tokenizer
     return path
 
 
+@pytest.fixture(autouse=True, scope="session")
+def one_thread():
+    """The tiny test models are overhead-bound: on a 2-core machine a second torch thread mostly spins."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
 @pytest.fixture
 def target16() -> SDARTarget:
     return tiny_target(16)

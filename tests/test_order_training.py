@@ -35,14 +35,6 @@ SMALL = OrderModelConfig(topk=TOPK, d_model=32, heads=4, layers=1, ff=64, bucket
 FINGERPRINT = {"model": "tiny", "tokenizer_sha256": "ab", "weights_digest": "cd", "block_length": K, "policy": "single"}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models are overhead-bound: on a shared machine a second torch thread mostly spins."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
 
 def synthetic_block(request: int, block: int, drift: float, temperature: float = 0.0, seed: int = 0) -> RecordedBlock:
     """A `single`-policy block: each step commits the masked position with the highest top-1

@@ -30,14 +30,6 @@ from spot_eval.spiffy_calibrate import build_graph, count_futures, graph_for_tar
 M = MASK_ID
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """The tiny targets run fastest on one thread (and the test machine is shared)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 def graph_dict(block_length: int = 16, policy: str = "single") -> dict:
     """A hand-made graph: depth-1 guesses, and {(0,0),(1,0)} reached through both commit orders."""

@@ -26,14 +26,6 @@ SETTINGS = {"policy": "single", "block_length": None, "gen_length": GEN, "temper
             "shard_size": 2, "chat": False}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models are overhead-bound: on a shared machine a second torch thread mostly spins."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
