@@ -30,7 +30,7 @@ from torch import nn
 
 from spot.noise import gumbel_at, step_key
 
-N_SCALARS = 5  # confidence, log-confidence, is-top-1, masked, hypothetically committed
+N_SCALARS = 6  # confidence, log-confidence, is-top-1, masked, hypothetically committed, confidence rank
 LOGPROB_FLOOR = -30.0
 
 
@@ -103,13 +103,21 @@ def features(
         masked: [..., K] bool, masked in the node's state.
         hypothetical: [..., K] bool, committed by earlier tree levels (masked at the root).
     Returns:
-        (features [..., K, k + 5] float32, token buckets [..., K] int64).
+        (features [..., K, k + 6] float32, token buckets [..., K] int64).
     """
     confidence = prediction.probs[..., 0].clamp_min(1e-12)  # [..., K]
     is_top1 = (prediction.tokens[..., 0] == topk_ids[..., 0]).float()
+    # The rank of the confidence among the node's masked positions (0 = the most confident, ties to the
+    # leftmost as in spot.policy.select): near-certain positions differ in confidence by 1e-4 or less,
+    # which the model cannot resolve from the raw value, so without it the model fell below the
+    # "argmax stale confidence" heuristic at depth 0.
+    score = confidence.masked_fill(~masked, -1.0)
+    order = torch.argsort(score, dim=-1, descending=True, stable=True)
+    positions = torch.arange(score.shape[-1], device=score.device).expand_as(order)
+    rank = torch.empty_like(order).scatter_(-1, order, positions).float() / score.shape[-1]
     scalars = torch.stack(
-        [confidence, confidence.log() / 10, is_top1, masked.float(), hypothetical.float()], dim=-1
-    )  # [..., K, 5]
+        [confidence, confidence.log() / 10, is_top1, masked.float(), hypothetical.float(), rank], dim=-1
+    )  # [..., K, 6]
     logprobs = topk_logprobs.float().clamp_min(LOGPROB_FLOOR) / 10  # [..., K, k]
     return torch.cat([logprobs, scalars], dim=-1), prediction.tokens[..., 0] % buckets
 

@@ -1,0 +1,28 @@
+"""The drafters that ship, on the target that ships: loaded by name, token-identical to draft-free."""
+
+from __future__ import annotations
+
+import pytest
+
+from spot import DecodeConfig, Sampling, generate
+from spot_eval.datasets import load
+from spot_eval.decode import encode_prompt, load_target
+from spot_eval.methods import MethodSpec, build_drafter
+from spot_eval.paths import EMBEDDED_TARGET
+
+
+@pytest.fixture(scope="module")
+def target():
+    return load_target(EMBEDDED_TARGET, 32)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_shipped_spot_and_spiffy_are_lossless_on_the_embedded_target(target, temperature):
+    ids = encode_prompt(target, load("gsm8k_test")[3]["question"], chat=True)
+    config = DecodeConfig(block_length=32, gen_length=48, sampling=Sampling(temperature), seed=5)
+    reference = generate(target, ids, config, request=2)
+    for spec in (MethodSpec("spot", 8), MethodSpec("spot", 20), MethodSpec("spiffy", 3)):
+        drafter = build_drafter(spec, target, config.policy)
+        got = generate(target, ids, DecodeConfig(**{**config.__dict__, "budget": spec.budget}), drafter=drafter, request=2)
+        assert got.token_ids == reference.token_ids, spec.label
+        assert got.stats.forwards < reference.stats.forwards, spec.label
