@@ -38,7 +38,7 @@ class SpotArgs:
     """The `--model_args` of `lm_eval --model spot`, with their defaults (see README)."""
 
     pretrained: str = str(EMBEDDED_TARGET)
-    methods: str = "spiffy"  # the learned drafters that ship; add spot once spot_b{K}.pt ships
+    methods: str = "spiffy"  # spot ships too, but its drafting overhead is still high on CPU (see README)
     budgets: str = "8"
     unmasking: str = "single"
     threshold: float = 0.9
