@@ -16,6 +16,7 @@ import argparse
 import json
 import statistics
 import sys
+from dataclasses import replace
 
 import pandas as pd
 import torch
@@ -35,7 +36,7 @@ def prompts_for(task: str, n: int) -> list[str]:
 
 
 def run_seed(target, prompts: list[list[int]], config: DecodeConfig, specs, seed: int) -> pd.DataFrame:
-    config = DecodeConfig(**{**config.__dict__, "seed": seed})
+    config = replace(config, seed=seed)
     drafters = {s.label: build_drafter(s, target, config.policy) for s in specs}
     rows = []
     for i, ids in enumerate(prompts):
@@ -44,7 +45,7 @@ def run_seed(target, prompts: list[list[int]], config: DecodeConfig, specs, seed
         results = {}
         for label in labels:
             spec = next((s for s in specs if s.label == label), None)
-            cfg = config if spec is None else DecodeConfig(**{**config.__dict__, "budget": spec.budget})
+            cfg = config if spec is None else replace(config, budget=spec.budget)
             results[label] = generate(target, ids, cfg, drafter=drafters.get(label), request=i)
         for label, g in results.items():
             s = g.stats
@@ -89,7 +90,7 @@ def main() -> None:
     config = DecodeConfig(policy=args.unmasking, block_length=args.block, gen_length=args.gen,
                           sampling=Sampling(temperature=args.temperature))
     specs = parse_methods(args.methods, "")
-    generate(target, prompts[0], DecodeConfig(**{**config.__dict__, "gen_length": args.block}))  # warm-up
+    generate(target, prompts[0], replace(config, gen_length=args.block))  # warm-up
     seeds = [int(s) for s in args.seeds.split("+")]
     df = pd.concat([run_seed(target, prompts, config, specs, seed) for seed in seeds])
     sums = summarise(df)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -74,7 +75,7 @@ def decode_prompt(
         spec = MethodSpec(method, budget, drafter_path)
         reference = None
         if spec.needs_reference:
-            reference = generate(model, ids, DecodeConfig(**{**config.__dict__, "budget": 0}), record=True)
+            reference = generate(model, ids, replace(config, budget=0), record=True)
         drafter = build_drafter(spec, model, policy, reference)
     result = generate(model, ids, config, drafter=drafter, decode=decode)
     s = result.stats

@@ -12,7 +12,7 @@ import hashlib
 import json
 import warnings
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import torch
 from lm_eval.api.model import LM
@@ -201,7 +201,7 @@ class SpotLM(LM):
         request = _request_id(req.task_name, req.doc_id, repeat)
         until = tuple(s for s in gen_kwargs.get("until") or () if s)
         max_new = int(gen_kwargs.get("max_gen_toks") or self.config.gen_length)
-        config = DecodeConfig(**{**self.config.__dict__, "gen_length": max_new, "stop_strings": until})
+        config = replace(self.config, gen_length=max_new, stop_strings=until)
         tokenizer = self.target.tokenizer
         ids = tokenizer(context, add_special_tokens=False)["input_ids"]
         decode = tokenizer.decode
@@ -210,7 +210,7 @@ class SpotLM(LM):
         for spec in self.specs:
             drafter = self._drafters.get(spec.label) or build_drafter(spec, self.target, config.policy, reference)
             got = generate(
-                self.target, ids, DecodeConfig(**{**config.__dict__, "budget": spec.budget}),
+                self.target, ids, replace(config, budget=spec.budget),
                 drafter=drafter, request=request, decode=decode,
             )
             methods.append(MethodRecord.of(spec.name, spec.budget, got, reference, len(ids)))

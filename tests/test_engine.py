@@ -8,6 +8,7 @@ middle of a block.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -30,7 +31,7 @@ def prompt_ids(seed: int, length: int) -> list[int]:
 
 
 def with_budget(config: DecodeConfig, budget: int) -> DecodeConfig:
-    return DecodeConfig(**{**config.__dict__, "budget": budget})
+    return replace(config, budget=budget)
 
 
 def untrained_spot() -> SpotDrafter:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from conftest import VOCAB, tiny_target
@@ -32,7 +34,7 @@ def test_replay_equals_the_engine(temperature):
     prompts = [torch.randint(0, VOCAB - 2, (n,)).tolist() for n in (5, 19)]
     steps = forwards = 0
     for request, ids in enumerate(prompts):
-        g = generate(target, ids, DecodeConfig(**{**config.__dict__, "budget": 6}), drafter=drafter, request=request)
+        g = generate(target, ids, replace(config, budget=6), drafter=drafter, request=request)
         steps, forwards = steps + g.stats.steps, forwards + g.stats.forwards
     assert replay(drafter, recorded(target, prompts, config), budget=6) == pytest.approx(steps / forwards, abs=1e-12)
 

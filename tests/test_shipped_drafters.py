@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from spot import DecodeConfig, Sampling, generate
@@ -23,6 +25,6 @@ def test_shipped_spot_and_spiffy_are_lossless_on_the_embedded_target(target, tem
     reference = generate(target, ids, config, request=2)
     for spec in (MethodSpec("spot", 8), MethodSpec("spot", 20), MethodSpec("spiffy", 3)):
         drafter = build_drafter(spec, target, config.policy)
-        got = generate(target, ids, DecodeConfig(**{**config.__dict__, "budget": spec.budget}), drafter=drafter, request=2)
+        got = generate(target, ids, replace(config, budget=spec.budget), drafter=drafter, request=2)
         assert got.token_ids == reference.token_ids, spec.label
         assert got.stats.forwards < reference.stats.forwards, spec.label

@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -223,7 +224,7 @@ def test_spiffy_reproduces_draft_free_tokens(block_length, policy):
         for name, graph in graphs.items():
             for budget, prune_to in ((3, 3), (10, 3), (10, None)):
                 drafter = Recording(SpiffyDrafter(graph, prune_to=prune_to))
-                got = generate(target, prompt, DecodeConfig(**{**config.__dict__, "budget": budget}), drafter=drafter)
+                got = generate(target, prompt, replace(config, budget=budget), drafter=drafter)
                 assert got.token_ids == reference.token_ids, (name, temperature, budget, prune_to)
                 cap = min(budget, prune_to or graph.size)
                 assert all(size <= cap for size, _, _ in drafter.trees)
