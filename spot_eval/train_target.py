@@ -56,7 +56,7 @@ class ModelSize:
     """The Qwen3 decoder's shape; the vocabulary comes from the tokenizer."""
 
     hidden: int = 256
-    layers: int = 6
+    layers: int = 4
     heads: int = 4
     kv_heads: int = 2
     head_dim: int = 64
@@ -70,10 +70,10 @@ class TrainConfig:
     """Everything that fixes the trained weights (with the pairs); `minutes` is only a safety cap."""
 
     seed: int = 0
-    steps: int = 400
-    batch_tokens: int = 3072  # sequence positions per batch (x_0 half), batch padding included
-    lr: float = 2e-3
-    warmup: int = 40
+    steps: int = 2300
+    batch_tokens: int = 4096  # sequence positions per batch (x_0 half), batch padding included
+    lr: float = 3e-3
+    warmup: int = 100
     min_lr_ratio: float = 0.1
     weight_decay: float = 0.1
     grad_clip: float = 1.0

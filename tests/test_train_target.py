@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import warnings
 from dataclasses import dataclass, replace
 
@@ -17,6 +18,7 @@ from transformers import AutoTokenizer
 
 from spot import DecodeConfig, generate
 from spot.targets import SDARTarget, read_checkpoint
+from spot_eval.datasets import load
 from spot_eval.paths import EMBEDDED_TARGET
 from spot_eval.train_target import (
     SPECIAL_TOKENS,
@@ -167,3 +169,17 @@ def test_shipped_target_loads_offline():
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     result = generate(target, ids, DecodeConfig(block_length=32, gen_length=32), decode=tokenizer.decode)
     assert result.stats.forwards >= 1 and isinstance(result.text, str)
+
+
+def test_shipped_target_answers_in_the_shape_of_its_training_data():
+    """GSM8K answers of the training set carry `<<a*b=c>>` calculator annotations; the drafters learn
+    the commit orders of such answers, so a retrained target must keep writing them."""
+    target = SDARTarget.from_pretrained(EMBEDDED_TARGET)
+    tokenizer = target.tokenizer
+    texts = []
+    for row in load("gsm8k_test")[:3]:
+        chat = [{"role": "user", "content": row["question"]}]
+        ids = tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=True)
+        ids = ids["input_ids"] if isinstance(ids, dict) else ids
+        texts.append(generate(target, ids, DecodeConfig(block_length=32, gen_length=64), decode=tokenizer.decode).text)
+    assert sum(bool(re.search(r"<<[^>]*=[^>]*>>", t)) for t in texts) >= 2, texts
