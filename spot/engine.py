@@ -118,6 +118,14 @@ def generate(
             f"a {n_prompt}-token prompt plus gen_length {config.gen_length} needs {n_positions} positions "
             f"(whole blocks of {k}); the model has {target.max_positions}. Shorten the prompt or gen_length."
         )
+    if config.budget > 0:
+        room = target.max_pieces(n_positions)
+        if config.budget + 1 > room:
+            raise ValueError(
+                f"budget {config.budget} needs {config.budget + 1} pieces of {k} positions in one verify forward; "
+                f"with {n_positions} positions of context the free device memory holds about {room} now. "
+                f"Use a budget of at most {max(room - 1, 0)}" + (" (or a device with more memory)." if room > 1 else ": none fits; free memory or use a larger device.")
+            )
     t0, forwards0, clock = time.perf_counter(), target.forwards, _Clock()
     target.start(prompt[: n_prompt // k * k])
     out: list[int] = []

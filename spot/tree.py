@@ -64,8 +64,18 @@ class Edge:
     logp: float
 
 
-# expand(states, depths) -> for each node its edges, sorted by logp descending.
-Expander = Callable[[list[torch.Tensor], list[int]], list[list[Edge]]]
+@dataclass(frozen=True)
+class Frontier:
+    """The nodes one `expand` call scores, with what a drafter needs to reuse work across levels."""
+
+    nodes: tuple[int, ...]  # node ids in the growing tree
+    parents: tuple[int, ...]  # each node's parent id (-1 for the root)
+    states: torch.Tensor  # [B, K]
+    depths: tuple[int, ...]
+
+
+# expand(frontier) -> for each node its edges, sorted by logp descending.
+Expander = Callable[[Frontier], list[list[Edge]]]
 
 _EXPAND, _EDGE = 0, 1
 
@@ -82,7 +92,8 @@ def grow_best_first(
     as a placeholder keyed by the child's own score, an upper bound on any descendant's (every
     weighted logp <= 0); when a placeholder reaches the top, every node still waiting is expanded
     in one batched `expand` call. The pop order, and so the tree, is exactly best-first.
-    A child whose state is already in the tree (another commit order) is skipped.
+    A child whose state is already in the tree (another commit order) is skipped. Expansion
+    runs parents before children, so a drafter may reuse a parent's work for its children.
 
     Args:
         root: [K] the current state.
@@ -109,7 +120,13 @@ def grow_best_first(
         if kind == _EXPAND:
             if node not in edges:
                 waiting = [node] + [item[3] for item in heap if item[2] == _EXPAND and item[3] not in edges]
-                for n, ranked in zip(waiting, expand([states[n] for n in waiting], [depth[n] for n in waiting]), strict=True):
+                frontier = Frontier(
+                    nodes=tuple(waiting),
+                    parents=tuple(parents[n][0] if parents[n] else -1 for n in waiting),
+                    states=torch.stack([states[n] for n in waiting]),
+                    depths=tuple(depth[n] for n in waiting),
+                )
+                for n, ranked in zip(waiting, expand(frontier), strict=True):
                     edges[n] = ranked
             push_edge(node, 0)
             continue

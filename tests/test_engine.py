@@ -223,3 +223,15 @@ def test_a_budget_without_a_drafter_and_a_mismatched_block_are_refused():
 def test_mask_and_eos_ids_are_the_targets():
     target = tiny_target(16)
     assert target.mask_id == MASK_ID and target.eos_ids == {EOS_ID}
+
+
+def test_a_budget_beyond_the_free_memory_is_refused_with_a_budget_that_fits():
+    target = tiny_target(16)
+    per_piece = target.block_length * (VOCAB * 8 + 4 * (48 + 16) * 4 + 4 * 64 * 4 + 2 * 2 * 2 * 8 * 4)
+    assert target.max_pieces(48) > 1000  # the real free memory holds far more than any budget here
+    target._free_bytes = lambda: 2 * 5 * per_piece  # room for exactly 5 pieces (half the free memory)
+    assert target.max_pieces(48) == 5
+    drafter = RandomDrafter(VOCAB)
+    generate(target, [1, 2], DecodeConfig(block_length=16, gen_length=20, budget=4), drafter=drafter)
+    with pytest.raises(ValueError, match="budget 5 needs 6 pieces .* holds about 5 now. Use a budget of at most 4"):
+        generate(target, [1, 2], DecodeConfig(block_length=16, gen_length=20, budget=5), drafter=drafter)

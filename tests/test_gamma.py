@@ -47,3 +47,25 @@ def test_the_fit_is_at_least_plain_spot():
     fit = fit_gamma(drafter, blocks, budget=4, roots=(0.5, 1.0), slopes=(1.0, 1.25))
     assert len(fit.grid) == 4 and fit.commits_per_forward >= fit.baseline_commits_per_forward
     assert fit.commits_per_forward == max(row[2] for row in fit.grid)
+
+
+@pytest.mark.parametrize("model_depth, calls", [(1, 1), (None, None)])
+def test_model_depth_one_calls_the_order_model_once_per_tree(model_depth, calls):
+    target = tiny_target(16, seed=4, eos_ids=frozenset())
+    torch.manual_seed(0)
+    model = OrderModel()
+    seen = []
+    model.register_forward_hook(lambda module, args, out: seen.append(args[0].shape[0]))
+    drafter = SpotDrafter(model, gate=0.9, model_depth=model_depth)
+    config = DecodeConfig(block_length=16, gen_length=40, seed=2)
+    ids = list(range(1, 12))
+    reference = generate(target, ids, config)
+    got = generate(target, ids, replace(config, budget=8), drafter=drafter)
+    assert got.token_ids == reference.token_ids
+    drafts = got.stats.forwards - 1  # every forward after a block's first one drafted a tree
+    if calls is None:
+        assert len(seen) > 2 * drafts  # every level re-scored
+    else:
+        assert 0 < len(seen) <= calls * drafts
+    with pytest.raises(ValueError, match="model_depth must be >= 1"):
+        SpotDrafter(model, model_depth=0)

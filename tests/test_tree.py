@@ -24,10 +24,12 @@ EDGES = {  # state -> ranked edges (position, token, probability)
 class LiteralExpander:
     def __init__(self):
         self.calls = []
+        self.frontiers = []
 
-    def __call__(self, states, depths):
-        self.calls.append([tuple(s.tolist()) for s in states])
-        return [[Edge(p, v, math.log(q)) for p, v, q in EDGES[tuple(s.tolist())]] for s in states]
+    def __call__(self, frontier):
+        self.calls.append([tuple(s) for s in frontier.states.tolist()])
+        self.frontiers.append(frontier)
+        return [[Edge(p, v, math.log(q)) for p, v, q in EDGES[tuple(s)]] for s in frontier.states.tolist()]
 
 
 def grow(budget, gamma=None):
@@ -81,3 +83,16 @@ def test_gamma_flattens_a_depth_and_changes_the_tree():
     states, parents, _ = grow(4, gamma=[0.1, 1.0])
     assert states == [(M, M, M), (1, M, M), (M, 2, M), (1, 2, M), (1, 2, 3)]
     assert parents == ((), (0,), (0,), (1,), (3,))
+
+
+def test_frontiers_name_each_node_its_parent_and_depth():
+    expander = LiteralExpander()
+    tree = grow_best_first(torch.tensor([M, M, M]), 6, expander)
+    depths = tree.depth()
+    seen = [n for f in expander.frontiers for n in f.nodes]
+    assert seen[0] == 0 and expander.frontiers[0].parents == (-1,)
+    for f in expander.frontiers:
+        for node, parent, depth, state in zip(f.nodes, f.parents, f.depths, f.states.tolist(), strict=True):
+            assert parent == (tree.parents[node][0] if node else -1)
+            assert depth == depths[node] and state == tree.states[node].tolist()
+            assert parent in seen[: seen.index(node)] or node == 0  # parents expand first

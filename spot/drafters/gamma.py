@@ -72,8 +72,8 @@ def fit_gamma(
     grid = []
     with torch.inference_mode():
         for a, b in itertools.product(roots, slopes):
-            trial = SpotDrafter(drafter.model, gate=drafter.gate, gamma=depth_weights(a, b))
+            trial = SpotDrafter(drafter.model, gate=drafter.gate, gamma=depth_weights(a, b), model_depth=drafter.model_depth)
             grid.append((a, b, replay(trial, blocks, budget)))
-        baseline = replay(SpotDrafter(drafter.model, gate=drafter.gate), blocks, budget)
+        baseline = replay(SpotDrafter(drafter.model, gate=drafter.gate, model_depth=drafter.model_depth), blocks, budget)
     a, b, best = max(grid, key=lambda row: row[2])
     return GammaFit(depth_weights(a, b), best, baseline, tuple(grid))

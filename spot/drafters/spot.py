@@ -15,21 +15,43 @@ from collections.abc import Sequence
 import torch
 
 from spot.drafters.base import DraftContext
-from spot.drafters.order_model import OrderModel, features, predict, step_noise_at_topk
+from spot.drafters.order_model import OrderModel, Prediction, features, predict, step_noise_at_topk
 from spot.policy import topk_logprobs
-from spot.tree import DraftTree, Edge, grow_best_first
+from spot.tree import DraftTree, Edge, Frontier, grow_best_first
 
 
 class SpotDrafter:
+    """SPOT's drafter.
+
+    model_depth: tree levels that get a fresh order-model call; a deeper node reuses its parent's
+        order logits, renormalised over the positions still masked (a Plackett-Luce chain). With 1
+        the model runs once per tree, at the root; None re-scores every node, which costs one
+        sequential model call per popped placeholder. The tokens
+        and their probabilities always come from the node's own step (its coupled noise).
+        Default 1 (one call per tree), measured on held-out trajectories of the embedded target,
+        block 32 (commits per verify forward, drafting seconds for 40 blocks): budget 8: 2.25 in
+        2.2 s (1), 2.33 in 7.1 s (2), 2.37 in 9.1 s (None); budget 20: 2.56 in 2.9 s (1), 2.74 in
+        9.7 s (2), 2.82 in 11.8 s (None). Re-scoring buys 5-10% more commits for 3-4x the drafting
+        time, a loss whenever the drafter's time is not negligible against a verify forward.
+    """
+
     def __init__(
-        self, model: OrderModel, gate: float = 0.6, gamma: Sequence[float] | None = None, name: str = "spot"
+        self,
+        model: OrderModel,
+        gate: float = 0.6,
+        gamma: Sequence[float] | None = None,
+        name: str = "spot",
+        model_depth: int | None = 1,
     ) -> None:
         if not 0.0 <= gate <= 1.0:
             raise ValueError(f"token gate must be in [0, 1], got {gate}")
+        if model_depth is not None and model_depth < 1:
+            raise ValueError(f"model_depth must be >= 1 (the root needs the model) or None, got {model_depth}")
         self.model = model.eval()
         self.gate = gate
         self.gamma = tuple(gamma) if gamma else None
         self.name = name
+        self.model_depth = model_depth
 
     @torch.inference_mode()
     def draft(self, ctx: DraftContext) -> DraftTree:
@@ -45,6 +67,7 @@ class SpotDrafter:
         temperature = ctx.config.sampling.temperature
         root_masked = (ctx.state == ctx.mask_id).to(device)  # [K]
         noise_by_depth: dict[int, torch.Tensor] = {}
+        order_logits: dict[int, torch.Tensor] = {}  # node id -> [K] logits it was scored with
 
         def noise(depth: int) -> torch.Tensor:
             if depth not in noise_by_depth:
@@ -52,29 +75,40 @@ class SpotDrafter:
                 noise_by_depth[depth] = step_noise_at_topk(ctx.config.seed, ctx.request, ctx.block, step, ids)
             return noise_by_depth[depth]
 
-        def expand(states: list[torch.Tensor], depths: list[int]) -> list[list[Edge]]:
-            nodes = torch.stack(states).to(device)  # [B, K]
+        def expand(frontier: Frontier) -> list[list[Edge]]:
+            nodes = frontier.states.to(device)  # [B, K]
             masked = nodes == ctx.mask_id
             b = nodes.shape[0]
-            node_noise = torch.stack([noise(d) for d in depths]) if temperature > 0 else None  # [B, K, k]
+            node_noise = torch.stack([noise(d) for d in frontier.depths]) if temperature > 0 else None  # [B, K, k]
             pred = predict(lp.expand(b, -1, -1), ids.expand(b, -1, -1), temperature, node_noise)
-            feats, buckets = features(lp.expand(b, -1, -1), ids.expand(b, -1, -1), pred, masked, root_masked & ~masked, self.model.config.buckets)
-            order = torch.log_softmax(self.model(feats, buckets, masked), dim=-1)  # [B, K]
+            fresh = [i for i, d in enumerate(frontier.depths) if self.model_depth is None or d < self.model_depth]
+            logits = torch.empty(b, nodes.shape[1], device=device)  # [B, K]
+            if fresh:
+                sub = Prediction(pred.tokens[fresh], pred.probs[fresh])
+                feats, buckets = features(
+                    lp.expand(len(fresh), -1, -1), ids.expand(len(fresh), -1, -1), sub, masked[fresh],
+                    root_masked & ~masked[fresh], self.model.config.buckets,
+                )
+                logits[fresh] = self.model(feats, buckets, masked[fresh])
+            for i, (node, parent) in enumerate(zip(frontier.nodes, frontier.parents, strict=True)):
+                if i not in fresh:
+                    logits[i] = order_logits[parent]
+                order_logits[node] = logits[i]
+            order = torch.log_softmax(logits.masked_fill(~masked, float("-inf")), dim=-1)  # [B, K]
             branch = pred.probs[..., 0] < self.gate  # [B, K]: uncertain token, try the runner-up too
             scores = order[..., None] + pred.probs.clamp_min(1e-12).log()  # [B, K, 2]
             scores[..., 1] = scores[..., 1].masked_fill(~branch, float("-inf"))
-            return [_ranked_edges(scores[i], pred.tokens[i], budget=ctx.budget) for i in range(b)]
+            scores = scores.masked_fill(~masked[..., None], float("-inf"))  # also clears all-committed rows' NaN
+            return _ranked_edges(scores.flatten(1), pred.tokens.flatten(1), ctx.budget)
 
         return grow_best_first(ctx.state, ctx.budget, expand, self.gamma)
 
 
-def _ranked_edges(scores: torch.Tensor, tokens: torch.Tensor, budget: int) -> list[Edge]:
-    """The best `budget` finite edges of one node, best first. scores, tokens: [K, 2]."""
-    flat = scores.flatten()  # [2K]
-    top = torch.topk(flat, min(budget, flat.numel()))
+def _ranked_edges(scores: torch.Tensor, tokens: torch.Tensor, budget: int) -> list[list[Edge]]:
+    """Per node, its best `budget` finite edges, best first. scores, tokens: [B, 2K] (position-major)."""
+    top = torch.topk(scores, min(budget, scores.shape[1]), dim=1)
+    picked = tokens.gather(1, top.indices)
     out = []
-    for value, index in zip(top.values.tolist(), top.indices.tolist(), strict=True):
-        if value == float("-inf"):
-            break
-        out.append(Edge(position=index // 2, token=int(tokens.flatten()[index]), logp=value))
+    for values, indices, toks in zip(top.values.tolist(), top.indices.tolist(), picked.tolist(), strict=True):
+        out.append([Edge(i // 2, t, v) for v, i, t in zip(values, indices, toks, strict=True) if v != float("-inf")])
     return out

@@ -42,3 +42,7 @@ class Target(Protocol):
 
     def commit(self, block: torch.Tensor) -> None:
         """Append a finished block [K] to the cache (may be folded into the next forward)."""
+
+    def max_pieces(self, context: int) -> int:
+        """The most pieces one `verify` can hold in the device memory free now, with `context`
+        positions before the active block (an estimate on the safe side)."""

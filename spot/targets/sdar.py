@@ -17,6 +17,7 @@ cropped back to the completed blocks.
 from __future__ import annotations
 
 import json
+import os
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,7 @@ import torch
 from transformers import AutoTokenizer, DynamicCache, PreTrainedTokenizerBase, Qwen3Config, Qwen3ForCausalLM
 
 # Fields of SDAR's config.json that only its remote code reads.
+SAFE_FRACTION = 0.5  # of the free memory one verify may plan to use: the estimate leaves out temporaries
 _REMOTE_ONLY_FIELDS = ("auto_map", "architectures", "attn_implementation", "model_type")
 
 
@@ -178,6 +180,27 @@ class SDARTarget:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)  # so that callers time the forward, not its launch
         return logits.float()
+
+    def max_pieces(self, context: int) -> int:
+        config = self.model.config
+        element = next(self.model.parameters()).element_size()
+        kv_per_token = 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * element
+        per_position = (
+            self.vocab_size * (element + 4)  # logits, and their float32 copy
+            + config.num_attention_heads * (context + self.block_length) * 4  # one layer's attention scores (math path)
+            + 4 * config.intermediate_size * element  # one layer's MLP activations
+            + kv_per_token  # the pieces' keys and values, cached until the crop
+        )
+        return int(SAFE_FRACTION * self._free_bytes() // (self.block_length * per_position))
+
+    def _free_bytes(self) -> int:
+        if self.device.type == "cuda":
+            return torch.cuda.mem_get_info(self.device)[0]
+        try:
+            meminfo = Path("/proc/meminfo").read_text()
+            return int(next(line.split()[1] for line in meminfo.splitlines() if line.startswith("MemAvailable:"))) * 1024
+        except (OSError, StopIteration):
+            return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
     def _mask(self, cached: int, n_pending: int, n_pieces: int) -> torch.Tensor:
         k = self.block_length
