@@ -26,6 +26,7 @@ from spot_eval.datasets import load
 from spot_eval.decode import encode_prompt, load_target
 from spot_eval.methods import build_drafter, parse_methods
 from spot_eval.paths import EMBEDDED_TARGET
+from spot_eval.results import summarize
 
 PROMPT_FIELDS = {"gsm8k_test": "question", "math500_test": "problem", "humaneval_test": "prompt"}
 
@@ -52,23 +53,10 @@ def run_seed(target, prompts: list[list[int]], config: DecodeConfig, specs, seed
             rows.append({
                 "seed": seed, "prompt": i, "label": label, "tokens": len(g.token_ids), "forwards": s.forwards,
                 "seconds": s.seconds, "drafter_seconds": s.drafter_seconds, "target_seconds": s.target_seconds,
-                "accepted_mean": sum(s.accepted_lengths) / len(s.accepted_lengths),
+                "accepted_lengths": s.accepted_lengths,
                 "lossless": g.token_ids == results["draft_free"].token_ids,
             })
     return pd.DataFrame(rows)
-
-
-def summarise(df: pd.DataFrame) -> pd.DataFrame:
-    sums = df.groupby(["seed", "label"]).agg(
-        forwards=("forwards", "sum"), seconds=("seconds", "sum"), tokens=("tokens", "sum"),
-        drafter_seconds=("drafter_seconds", "sum"), accepted_mean=("accepted_mean", "mean"), lossless=("lossless", "mean"),
-    ).reset_index()
-    base = sums[sums.label == "draft_free"].set_index("seed")
-    sums["forward_ratio"] = base.loc[sums.seed, "forwards"].to_numpy() / sums.forwards
-    sums["throughput_ratio"] = base.loc[sums.seed, "seconds"].to_numpy() / sums.seconds
-    sums["tokens_per_forward"] = sums.tokens / sums.forwards
-    sums["drafter_share"] = sums.drafter_seconds / sums.seconds
-    return sums
 
 
 def main() -> None:
@@ -93,8 +81,9 @@ def main() -> None:
     generate(target, prompts[0], replace(config, gen_length=args.block))  # warm-up
     seeds = [int(s) for s in args.seeds.split("+")]
     df = pd.concat([run_seed(target, prompts, config, specs, seed) for seed in seeds])
-    sums = summarise(df)
-    print(sums.to_string(index=False, float_format=lambda x: f"{x:.3f}"), file=sys.stderr)
+    sums = summarize(df, ["seed"])
+    columns = ["seed", "label", "forwards", "seconds", "forward_ratio", "throughput_ratio", "drafter_share", "accepted_mean", "lossless"]
+    print(sums[columns].to_string(index=False, float_format=lambda x: f"{x:.3f}"), file=sys.stderr)
     methods = {}
     for label, group in sums.groupby("label", sort=False):
         entry = {}

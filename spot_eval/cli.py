@@ -71,7 +71,7 @@ def _add_train_target(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", required=True, help="output model directory")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--steps", type=int, default=None, help="optimizer steps (fix the weights with the seed)")
-    p.add_argument("--minutes", type=float, default=55.0, help="safety cap: stop early (and say so) after it")
+    p.add_argument("--minutes", type=float, default=59.0, help="safety cap: stop early (and say so) after it")
     p.add_argument("--device", default="cpu", help="cpu | cuda")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--batch-tokens", type=int, default=None, help="sequence positions per batch")
@@ -292,6 +292,63 @@ def _run_fit_gamma(args: argparse.Namespace) -> None:
     print(json.dumps({k: v for k, v in report.items() if k != "grid"}))
 
 
+def _add_nightly(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("nightly", help="run a suite through lm-eval, compare with a baseline, write a report, gate")
+    p.add_argument("--suite", default=None, help="suite TOML (default: spot_eval/suites/nightly.toml)")
+    p.add_argument("--out", default="results/nightly", help="reports go to OUT/<date>/")
+    p.add_argument("--date", default=None, help="report name (default: today, YYYY-MM-DD); a rerun resumes its runs")
+    p.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default: sqlite:///mlflow.db here)")
+    p.add_argument("--baseline", default=None, help="a pinned results bundle (nightly.json) instead of the previous nightly")
+    p.add_argument("--dry-run", action="store_true", help="report, but exit 0 even on a regression")
+    p.set_defaults(func=_run_nightly)
+
+
+def _run_nightly(args: argparse.Namespace) -> None:
+    from spot_eval.nightly import NightlyError, load_suite, nightly
+
+    log = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
+    try:
+        result = nightly(load_suite(args.suite), args.out, args.tracking_uri, args.baseline, args.dry_run, args.date, log)
+    except NightlyError as err:
+        print(f"error: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
+    print(result.summary.replace("**", ""))
+    print(f"report: {result.report_dir / 'report.html'} (and report.md)")
+    raise SystemExit(result.exit_code)
+
+
+def _add_compare(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("compare", help="SPOT vs Spiffy tables (throughput and forward ratios) from MLflow or results files")
+    p.add_argument("--results", nargs="+", default=None, help="results bundles (nightly.json) or run directories")
+    p.add_argument("--experiment", default=None, help="read the lm_eval runs of this MLflow experiment")
+    p.add_argument("--runs", nargs="+", default=None, help="only these MLflow run ids")
+    p.add_argument("--tracking-uri", default=None, help="default: sqlite:///mlflow.db here")
+    p.add_argument("--out", default="results/compare", help="output directory")
+    p.set_defaults(func=_run_compare)
+
+
+def _run_compare(args: argparse.Namespace) -> None:
+    from spot_eval.compare import write_comparison
+    from spot_eval.history import HistoryError, evaluation_bundle
+    from spot_eval.results import combine, read_any
+
+    if not args.results and not args.experiment:
+        raise ValueError("compare needs --experiment NAME (MLflow) or --results FILE... (bundles or run directories)")
+    bundle = None
+    if args.experiment:
+        try:
+            bundle = evaluation_bundle(args.tracking_uri, args.experiment, args.runs)
+        except HistoryError as err:
+            if not args.results:
+                print(f"error: {err}", file=sys.stderr)
+                raise SystemExit(2) from None
+            warnings.warn(f"{err}; using the results files instead", stacklevel=1)
+    if bundle is None:
+        bundle = combine([read_any(path) for path in args.results])
+    for path in write_comparison(bundle, args.out):
+        print(path)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="spot-eval", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -302,6 +359,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_spiffy_calibrate(sub)
     _add_sync(sub)
     _add_fit_gamma(sub)
+    _add_nightly(sub)
+    _add_compare(sub)
     return parser
 
 

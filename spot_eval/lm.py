@@ -13,6 +13,7 @@ import json
 import warnings
 from collections import Counter
 from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 
 import torch
 from lm_eval.api.model import LM
@@ -38,7 +39,7 @@ class SpotArgs:
     """The `--model_args` of `lm_eval --model spot`, with their defaults (see README)."""
 
     pretrained: str = str(EMBEDDED_TARGET)
-    methods: str = "spiffy"  # spot ships too, but its drafting overhead is still high on CPU (see README)
+    methods: str = "spot+spiffy@3"  # SPOT at `budgets`, Spiffy pruned to D* = 3 (its paper default)
     budgets: str = "8"
     unmasking: str = "single"
     threshold: float = 0.9
@@ -54,6 +55,7 @@ class SpotArgs:
     dtype: str = "auto"
     mlflow_tracking_uri: str | None = None
     mlflow_experiment: str = "spot-eval"
+    output_dir: str | None = None  # the run directory (default: spot-eval-runs/<time>)
 
     @classmethod
     def parse(cls, kwargs: dict) -> SpotArgs:
@@ -110,9 +112,11 @@ class SpotLM(LM):
             raise ValueError("reference=False leaves nothing to compare the methods with; drop methods or keep reference")
         self._drafters = {s.label: build_drafter(s, self.target, self.config.policy) for s in self.specs if not s.needs_reference}
         tracker = open_tracker(TrackingConfig(self.args.mlflow_tracking_uri, self.args.mlflow_experiment))
-        tracker.log_params({**{f"model_args/{k}": v for k, v in asdict(self.args).items()},
-                            "lm_eval_version": _lm_eval_version(), **_flatten(self._fingerprints())})
-        self.session = Session(self.args, self._fingerprints(), tracker)
+        settings = {"model_args": asdict(self.args), "decoder": _config_dict(self.config),
+                    "lm_eval_version": _lm_eval_version(), "target_id": target_id(self.args.pretrained)}
+        tracker.log_params({**_flatten({"model_args": settings["model_args"], "decoder": settings["decoder"]}),
+                            "lm_eval_version": settings["lm_eval_version"], **_flatten(self._fingerprints())})
+        self.session = Session(self.args, self._fingerprints(), tracker, self.args.output_dir, settings)
         self._repeat = Counter()
 
     # -- lm-eval contract --------------------------------------------------------------------------
@@ -232,6 +236,13 @@ def _request_id(task: str | None, doc_id: int | None, repeat: int) -> int:
     """Per-request noise key: reproducible from (task, doc, repeat), different across repeats."""
     digest = hashlib.sha256(json.dumps([task, doc_id, repeat]).encode()).digest()
     return int.from_bytes(digest[:4], "little")
+
+
+def target_id(path: str) -> str:
+    """A name for the target that is the same on every checkout: its directory name and weights digest."""
+    from spot_eval.drafter_checkpoint import weights_digest
+
+    return f"{Path(path).name}@{weights_digest(Path(path))[:12]}"
 
 
 def _config_dict(config: DecodeConfig) -> dict:

@@ -3,6 +3,14 @@
 The model adds a `RequestRecord` per request; after lm-eval has scored the outputs, `finish`
 writes the per-sample JSONL and the summary, and reports divergences (nothing is lost: the files
 are written before a divergence ends the run with a non-zero exit).
+
+A run directory holds:
+    run.json          settings: model_args, decoder config, fingerprints, MLflow run, versions
+    samples.jsonl     one row per request and method (tokens, forwards, seconds, divergence)
+    summary.csv       per task and method: sums and ratios against draft-free
+    outcomes.jsonl    per scored sample and metric, lm-eval's value (with `--log_samples`)
+    lm_eval_results.json, throughput_ratio.png, accepted_lengths.png
+`spot_eval.results` reads these back (nightly reports, `spot-eval compare`).
 """
 
 from __future__ import annotations
@@ -16,6 +24,7 @@ import pandas as pd
 
 from spot_eval.lossless import MethodRecord
 from spot_eval.plots import accepted_histogram, throughput_bars
+from spot_eval.results import summarize
 from spot_eval.tracking import Tracker, safe_name
 
 
@@ -41,11 +50,27 @@ class RequestRecord:
         return out
 
 
+def outcomes(samples: dict) -> list[dict]:
+    """lm-eval's logged samples ({task: [sample]}) -> one row per (task, doc, filter, metric) with its value."""
+    rows = []
+    for task, logged in samples.items():
+        for sample in logged:
+            for metric in sample.get("metrics") or ():
+                value = sample.get(metric)
+                if isinstance(value, (int, float)):
+                    rows.append({"task": task, "doc_id": sample["doc_id"], "filter": sample.get("filter"),
+                                 "metric": metric, "value": float(value)})
+    return rows
+
+
 class Session:
-    def __init__(self, args, fingerprints: dict, tracker: Tracker, out_dir: str | Path | None = None) -> None:
+    def __init__(
+        self, args, fingerprints: dict, tracker: Tracker, out_dir: str | Path | None = None, settings: dict | None = None
+    ) -> None:
         self.args = args
         self.fingerprints = fingerprints
         self.tracker = tracker
+        self.settings = settings or {}
         self.records: list[RequestRecord] = []
         self.out_dir = Path(out_dir or Path("spot-eval-runs") / time.strftime("%Y%m%d-%H%M%S"))
 
@@ -57,20 +82,7 @@ class Session:
 
     def summary(self) -> pd.DataFrame:
         """Per task and method: sums over the same requests, ratios against draft-free."""
-        df = self.frame()
-        if df.empty:
-            return df
-        df["accepted_mean"] = df["accepted_lengths"].map(lambda a: sum(a) / max(len(a), 1))
-        grouped = df.groupby(["task", "label"], sort=False).agg(
-            requests=("request", "size"), tokens=("tokens", "sum"), forwards=("forwards", "sum"),
-            seconds=("seconds", "sum"), drafter_seconds=("drafter_seconds", "sum"),
-            lossless=("lossless", "mean"), accepted_mean=("accepted_mean", "mean"),
-        ).reset_index()
-        base = grouped[grouped["label"] == "draft_free"].set_index("task")
-        grouped["forward_ratio"] = grouped["task"].map(base["forwards"]) / grouped["forwards"]
-        grouped["throughput_ratio"] = grouped["task"].map(base["seconds"]) / grouped["seconds"]
-        grouped["tokens_per_forward"] = grouped["tokens"] / grouped["forwards"]
-        return grouped
+        return summarize(self.frame(), ["task"])
 
     def divergences(self) -> list[dict]:
         return [
@@ -82,6 +94,9 @@ class Session:
     def flush(self) -> Path:
         """Write what is known so far (called after every generate_until batch)."""
         self.out_dir.mkdir(parents=True, exist_ok=True)
+        run = {**self.settings, "fingerprints": self.fingerprints, "mlflow_run_id": self.tracker.run_id,
+               "mlflow_tracking_uri": getattr(self.tracker, "uri", None)}
+        (self.out_dir / "run.json").write_text(json.dumps(run, indent=1, default=str) + "\n")
         path = self.out_dir / "samples.jsonl"
         with path.open("w") as f:
             for r in self.records:
@@ -94,7 +109,12 @@ class Session:
         """After lm-eval scored the outputs: write and log everything, print the table, then gate."""
         self.flush()
         if results is not None:
-            (self.out_dir / "lm_eval_results.json").write_text(json.dumps(results, indent=2, default=str))
+            samples = results.get("samples") or {}
+            with (self.out_dir / "outcomes.jsonl").open("w") as f:
+                for row in outcomes(samples):
+                    f.write(json.dumps(row) + "\n")
+            kept = {k: v for k, v in results.items() if k != "samples"}  # docs and responses: in samples.jsonl
+            (self.out_dir / "lm_eval_results.json").write_text(json.dumps(kept, indent=2, default=str))
         table = self.summary()
         self._log(table, results)
         if not table.empty:

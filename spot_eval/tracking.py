@@ -11,7 +11,7 @@ fails with an outage later, the tracker warns once and from then on writes to th
 journal already holds the part logged before the failure, so `spot-eval sync` (spot_eval/sync.py)
 recreates the whole run. An evaluation that ends with no outage deletes its spool entry.
 
-mlflow is imported here and in spot_eval/sync.py only.
+mlflow is imported here, in spot_eval/sync.py (replay) and in spot_eval/history.py (reading runs back) only.
 """
 
 from __future__ import annotations

@@ -18,6 +18,7 @@ from spot import DecodeConfig, generate
 from spot_eval.lm import SpotArgs, SpotLM
 from spot_eval.lossless import diverge, first_difference
 from spot_eval.methods import parse_methods
+from spot_eval.results import read_run
 
 REPO = Path(__file__).resolve().parents[1]
 OFFLINE = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
@@ -33,7 +34,7 @@ def test_the_real_lm_eval_console_script_runs_spot(checkpoint, tmp_path):
     args = f"pretrained={checkpoint},methods=oracle+random,budgets=4,gen_length=32,device=cpu,temperature=1.0"
     run = subprocess.run(
         [lm_eval, "--model", "spot", "--model_args", args, "--tasks", "spot_gsm8k", "--include_path", str(REPO / "tasks"),
-         "--limit", "2", "--output_path", str(tmp_path / "out")],
+         "--limit", "2", "--output_path", str(tmp_path / "out"), "--log_samples"],
         capture_output=True, text=True, env=OFFLINE, cwd=tmp_path, timeout=600,
     )
     assert run.returncode == 0, run.stderr[-3000:]
@@ -43,6 +44,13 @@ def test_the_real_lm_eval_console_script_runs_spot(checkpoint, tmp_path):
     samples = [json.loads(line) for line in next(tmp_path.glob("spot-eval-runs/*/samples.jsonl")).open()]
     assert {s["label"] for s in samples} == {"draft_free", "oracle@4", "random@4"}
     assert all(s["lossless"] for s in samples) and len(samples) == 6
+    run_dir = next(tmp_path.glob("spot-eval-runs/*"))
+    assert json.loads((run_dir / "run.json").read_text())["decoder"]["gen_length"] == 32
+    outcomes = [json.loads(line) for line in (run_dir / "outcomes.jsonl").open()]
+    assert {(o["doc_id"], o["filter"], o["metric"]) for o in outcomes} == {
+        (d, f, "exact_match") for d in (0, 1) for f in ("strict-match", "flexible-extract")}
+    bundle = read_run(run_dir)
+    assert len(bundle.samples) == 6 and bundle.settings["block_length"] == 16 and bundle.settings["target"].startswith("ckpt@")
     # Everything landed in one MLflow run of the local store, accuracy included.
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
     [parent] = client.search_runs(

@@ -1,0 +1,108 @@
+"""`spot-eval nightly` end to end: the real console scripts, the embedded target, a real MLflow store."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from mlflow import MlflowClient
+
+from spot_eval.drafter_checkpoint import load_checkpoint, save_checkpoint
+from spot_eval.nightly import NightlyError, load_suite
+
+REPO = Path(__file__).resolve().parents[1]
+SPOT_EVAL = str(Path(sys.executable).parent / "spot-eval")
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+
+
+def suite_file(path: Path, methods: str) -> Path:
+    path.write_text(
+        f'name = "test"\nexperiment = "nightly-test"\ntasks = ["spot_gsm8k"]\ninclude_path = "{REPO / "tasks"}"\n'
+        f'limit = 2\nmethods = "{methods}"\ntemperatures = [0.0]\nseeds = [0]\ngen_length = 64\n'
+        'model_args = "device=cpu"\n[tolerances]\nthroughput_drop = 0.9\nforward_rise = 0.0\n'
+    )
+    return path
+
+
+def nightly(tmp_path: Path, suite: Path, date: str, *extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [SPOT_EVAL, "nightly", "--suite", str(suite), "--out", str(tmp_path / "reports"), "--date", date,
+         "--tracking-uri", f"sqlite:///{tmp_path}/mlflow.db", *extra],
+        capture_output=True, text=True, env=ENV, cwd=tmp_path, timeout=900,
+    )
+
+
+@pytest.mark.slow
+def test_nightly_passes_a_rerun_and_flags_a_degraded_drafter(tmp_path):
+    good = suite_file(tmp_path / "good.toml", "spot@8")
+    first = nightly(tmp_path, good, "d1")
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert first.stdout.startswith("PASS") and "no earlier passing nightly" in first.stdout
+    report = tmp_path / "reports" / "d1"
+    assert {"report.md", "report.html", "nightly.json", "throughput_ratio.png", "accepted_lengths.png"} <= {
+        p.name for p in report.iterdir()}
+    assert "data:image/png;base64," in (report / "report.html").read_text()
+
+    again = nightly(tmp_path, good, "d2")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert again.stdout.startswith("PASS") and "against the baseline (nightly run" in again.stdout
+    assert "trend.png" in {p.name for p in (tmp_path / "reports" / "d2").iterdir()}
+
+    # The same method and label with a drafter whose order model is negated: it drafts the least likely orders.
+    shipped = load_checkpoint(REPO / "spot_eval" / "assets" / "drafters" / "spot_b32.pt")
+    with __import__("torch").no_grad():
+        shipped.model.head.weight.neg_()
+    save_checkpoint(tmp_path / "degraded.pt", shipped.model, shipped.fingerprint, {})
+    bad = suite_file(tmp_path / "bad.toml", f"spot@8:{tmp_path / 'degraded.pt'}")
+    flagged = nightly(tmp_path, bad, "d3")
+    assert flagged.returncode == 1, flagged.stderr[-3000:]
+    assert flagged.stdout.startswith("REGRESSION") and "forwards at T=0 spot_gsm8k spot@8" in flagged.stdout
+    assert "forwards" in (tmp_path / "reports" / "d3" / "report.md").read_text()
+    dry = nightly(tmp_path, bad, "d4", "--dry-run")
+    assert dry.returncode == 0 and dry.stdout.startswith("REGRESSION")
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
+    experiment = client.get_experiment_by_name("nightly-test").experiment_id
+    nightlies = client.search_runs([experiment], "tags.`spot_eval.kind` = 'nightly'", order_by=["attributes.start_time ASC"])
+    assert [r.info.status for r in nightlies] == ["FINISHED", "FINISHED", "FAILED", "FAILED"]
+    assert {a.path for a in client.list_artifacts(nightlies[0].info.run_id, "nightly")} >= {
+        "nightly/nightly.json", "nightly/report.html", "nightly/report.md"}
+
+    # `compare` reads the same evaluations back from MLflow, or from the results files when MLflow is down.
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    table = compare(tmp_path, "--experiment", "nightly-test", "--tracking-uri", uri, "--out", str(tmp_path / "cmp"))
+    assert table.returncode == 0, table.stderr[-2000:]
+    text = (tmp_path / "cmp" / "compare.md").read_text()
+    assert "| task | SPOT @8 |" in text and "spot_gsm8k" in text and "seeds 0" in text
+    empty = compare(tmp_path, "--experiment", "no-such", "--tracking-uri", uri)
+    assert empty.returncode == 2 and "does not exist" in empty.stderr and "Traceback" not in empty.stderr
+    down = compare(tmp_path, "--experiment", "nightly-test", "--tracking-uri", "http://127.0.0.1:9",
+                   "--results", str(tmp_path / "reports" / "d1" / "nightly.json"), "--out", str(tmp_path / "cmp2"))
+    assert down.returncode == 0 and "unreachable" in down.stderr and (tmp_path / "cmp2" / "compare.csv").exists() is False
+    assert (tmp_path / "cmp2" / "compare_T0.csv").exists()
+
+
+def compare(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([SPOT_EVAL, "compare", *args], capture_output=True, text=True, env=ENV, cwd=tmp_path, timeout=300)
+
+
+def test_a_corrupt_pinned_baseline_fails_before_any_decoding(tmp_path):
+    (tmp_path / "baseline.json").write_text('{"format": "spot-eval-results/1", "samples": [')
+    run = nightly(tmp_path, suite_file(tmp_path / "s.toml", "spot@8"), "d1", "--baseline", str(tmp_path / "baseline.json"))
+    assert run.returncode == 2 and "baseline.json is corrupt" in run.stderr and "Traceback" not in run.stderr
+    assert not (tmp_path / "reports" / "d1" / "runs").exists()
+
+
+def test_suite_files_are_validated(tmp_path):
+    assert load_suite(None).experiment == "spot-nightly"
+    for text, message in [("name = ", "not valid TOML"), ('colour = "red"', "unknown keys colour"),
+                          ('name="x"\nexperiment="e"\ntasks=[]\ninclude_path="t"\nlimit=1\nmethods="spot"\n'
+                           "temperatures=[0]\nseeds=[0]\ngen_length=8", "at least one task")]:
+        (tmp_path / "s.toml").write_text(text)
+        with pytest.raises(NightlyError, match=message):
+            load_suite(tmp_path / "s.toml")
+    with pytest.raises(NightlyError, match="does not exist"):
+        load_suite(tmp_path / "missing.toml")
