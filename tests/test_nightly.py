@@ -61,8 +61,8 @@ def test_nightly_passes_a_rerun_and_flags_a_degraded_drafter(tmp_path):
     assert flagged.returncode == 1, flagged.stderr[-3000:]
     assert flagged.stdout.startswith("REGRESSION") and "forwards at T=0 spot_gsm8k spot@8" in flagged.stdout
     assert "forwards" in (tmp_path / "reports" / "d3" / "report.md").read_text()
-    dry = nightly(tmp_path, bad, "d4", "--dry-run")
-    assert dry.returncode == 0 and dry.stdout.startswith("REGRESSION")
+    dry = nightly(tmp_path, bad, "d3", "--dry-run")  # the same night again: its runs are kept, not decoded again
+    assert dry.returncode == 0 and dry.stdout.startswith("REGRESSION") and "already finished, kept" in dry.stderr
 
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
     experiment = client.get_experiment_by_name("nightly-test").experiment_id

@@ -19,6 +19,7 @@ from transformers import AutoTokenizer
 from spot import DecodeConfig, generate
 from spot.targets import SDARTarget, read_checkpoint
 from spot_eval.datasets import load
+from spot_eval.decode import encode_prompt
 from spot_eval.paths import EMBEDDED_TARGET
 from spot_eval.train_target import (
     SPECIAL_TOKENS,
@@ -178,8 +179,6 @@ def test_shipped_target_answers_in_the_shape_of_its_training_data():
     tokenizer = target.tokenizer
     texts = []
     for row in load("gsm8k_test")[:3]:
-        chat = [{"role": "user", "content": row["question"]}]
-        ids = tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=True)
-        ids = ids["input_ids"] if isinstance(ids, dict) else ids
+        ids = encode_prompt(target, row["question"], chat=True)
         texts.append(generate(target, ids, DecodeConfig(block_length=32, gen_length=64), decode=tokenizer.decode).text)
     assert sum(bool(re.search(r"<<[^>]*=[^>]*>>", t)) for t in texts) >= 2, texts
