@@ -179,8 +179,8 @@ def verdict(findings: list[Finding], baseline: str, new: Bundle) -> str:
 
 
 def build_report(suite: Suite, new: Bundle, base: Bundle | None, baseline: str, findings: list[Finding],
-                 trend: pd.DataFrame, report_dir: Path, date: str) -> Report:
-    table = method_table(new, base)
+                 table: pd.DataFrame, trend: pd.DataFrame, report_dir: Path, date: str) -> Report:
+    """`table` is `method_table(new, base)`, already computed for the trend and the MLflow metrics."""
     _, accuracy = accuracy_changes(new, base, suite.tolerances.accuracy_p) if base is not None else (None, pd.DataFrame())
     figures = [("throughput ratio vs draft-free, this run and baseline",
                 plots.against_baseline(table, "throughput_ratio", report_dir / "throughput_ratio.png", "throughput ratio")),
@@ -259,7 +259,7 @@ def nightly(suite: Suite, out_root: str | Path = "results/nightly", tracking_uri
     findings = find_regressions(new, base, suite.tolerances)
     table = method_table(new, base)
     trend = trend_series(tracking_uri, suite.experiment, suite.trend_window, table, log)
-    report = build_report(suite, new, base, described, findings, trend, report_dir, date)
+    report = build_report(suite, new, base, described, findings, table, trend, report_dir, date)
     bundle_path = new.write(report_dir / "nightly.json")
     md, page = write(report, report_dir)
     regressed = bool(findings)
