@@ -192,13 +192,13 @@ def _decode_block(target, state, start, block, lo, hi, config, drafter, request,
             noise[step] = gumbel(key, target.block_length, target.vocab_size, target.device)
         return noise[step]
 
-    states, tops, stale, nodes = [state], [], None, 0
+    states, tops, stale, stale_state, nodes = [state], [], None, None, 0
     while not finished(state, lo, hi, mask_id, eos):
         step = len(states) - 1
         tree = DraftTree.root_only(state)
         if config.budget > 0:
             t = time.perf_counter()
-            ctx = DraftContext(state, stale, config, mask_id, request, block, step, config.budget, step_noise)
+            ctx = DraftContext(state, stale, stale_state, config, mask_id, request, block, step, config.budget, step_noise)
             tree = drafter.draft(ctx)
             clock.drafter += time.perf_counter() - t
             if tree.size > config.budget or not torch.equal(tree.states[0].cpu(), state.cpu()):
@@ -209,8 +209,9 @@ def _decode_block(target, state, start, block, lo, hi, config, drafter, request,
         nodes += tree.size
         node, advanced = 0, 0
         while True:  # follow the target down the tree
-            state = next_state(tree.states[node].to(logits.device), logits[node], step_noise(step + advanced), config, mask_id).cpu()
-            stale, advanced = logits[node], advanced + 1
+            stale, stale_state = logits[node], tree.states[node]
+            state = next_state(stale_state.to(logits.device), stale, step_noise(step + advanced), config, mask_id).cpu()
+            advanced += 1
             states.append(state)
             if record_topk:
                 tops.append(topk_logprobs(stale, record_topk, mask_id))

@@ -173,7 +173,9 @@ def _add_train_drafter(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--epochs", type=float, default=1.0)
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--max-depth", type=int, default=8, help="train on depths 0 .. max_depth - 1")
+    p.add_argument("--max-depth", type=int, default=1,
+                   help="train on tree depths 0 .. max_depth - 1 (the default drafter scores depth 0 only; "
+                   "deeper depths serve SpotDrafter(model_depth > 1))")
     p.add_argument("--heldout", type=float, default=0.1, help="fraction of the requests held out")
     p.add_argument("--minutes", type=float, default=None, help="safety cap: stop early (and say so) after this long")
     p.add_argument("--device", default="cpu")

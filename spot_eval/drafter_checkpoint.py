@@ -2,7 +2,7 @@
 
 A checkpoint is one `torch.save`d dict, read back with `torch.load(path, weights_only=True)`:
 
-    {"format": "spot-order-model/1", "state_dict": {...}, "state_sha256": "...",
+    {"format": "spot-order-model/2", "state_dict": {...}, "state_sha256": "...",
      "config": OrderModelConfig.to_dict(), "fingerprint": target_fingerprint(...),
      "metrics": {...held-out accuracies...}, "gamma": None}
 
@@ -29,7 +29,9 @@ import torch
 from spot.drafters.order_model import OrderModel, OrderModelConfig
 from spot.targets.sdar import SDARTarget
 
-FORMAT = "spot-order-model/1"
+FORMAT = "spot-order-model/2"
+# Formats this version reads no more, with why: the order model's inputs changed.
+RETIRED = {"spot-order-model/1": "its order model reads no last-commit input (format 1, before 2026-12)"}
 KEYS = ("format", "state_dict", "state_sha256", "config", "fingerprint", "metrics", "gamma")
 # What must agree between a drafter and the target it drafts for; "model" (the directory name) is
 # informational, so a copied or renamed target directory still matches.
@@ -159,6 +161,11 @@ def load_checkpoint(path: str | Path) -> DrafterCheckpoint:
         raw = torch.load(path, weights_only=True, map_location="cpu")
     except Exception as err:  # torch raises many kinds here (zip, unpickling, unicode, EOF)
         raise corrupt(f"torch.load failed: {type(err).__name__}: {str(err)[:200]}") from None
+    if isinstance(raw, dict) and raw.get("format") in RETIRED:
+        raise ValueError(
+            f"drafter checkpoint {path} was written by an earlier spot-eval: {RETIRED[raw['format']]}; "
+            "retrain it with spot-eval train-drafter on the same trajectories"
+        )
     if not isinstance(raw, dict) or raw.get("format") != FORMAT:
         found = raw.get("format") if isinstance(raw, dict) else type(raw).__name__
         raise corrupt(f"format {found!r}, expected {FORMAT!r}")

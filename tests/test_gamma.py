@@ -9,8 +9,9 @@ import torch
 from conftest import VOCAB, tiny_target
 
 from spot import DecodeConfig, Sampling, generate
+from spot.drafters.base import DraftContext
 from spot.drafters.gamma import fit_gamma, replay
-from spot.drafters.order_examples import RecordedBlock
+from spot.drafters.order_examples import RecordedBlock, make_examples
 from spot.drafters.order_model import OrderModel
 from spot.drafters.spot import SpotDrafter
 
@@ -69,3 +70,23 @@ def test_model_depth_one_calls_the_order_model_once_per_tree(model_depth, calls)
         assert 0 < len(seen) <= calls * drafts
     with pytest.raises(ValueError, match="model_depth must be >= 1"):
         SpotDrafter(model, model_depth=0)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_the_drafter_scores_the_root_from_the_features_it_was_trained_on(temperature):
+    """Training examples (order_examples) and the drafter at decode time build identical inputs."""
+    target = tiny_target(16, seed=4, eos_ids=frozenset())
+    torch.manual_seed(0)
+    model = OrderModel()
+    seen = []
+    model.register_forward_hook(lambda module, args, out: seen.append(args[:2]))
+    drafter = SpotDrafter(model, gate=0.9)
+    config = DecodeConfig(block_length=16, gen_length=32, sampling=Sampling(temperature), seed=3)
+    block = recorded(target, [list(range(1, 12))], config)[0]
+    assert block.states.shape[0] > 3  # a few steps to compare
+    for s in range(1, block.states.shape[0] - 1):
+        ctx = DraftContext(block.states[s], None, block.states[s - 1], config, block.mask_id, block.request, block.block, s, 4, lambda _: None)
+        seen.clear()
+        drafter.grow(ctx, block.topk_logprobs[s - 1].float(), block.topk_ids[s - 1].long())
+        trained = make_examples(block, [(s, 0)], model.config.buckets)
+        assert torch.equal(seen[0][0][:1], trained.feats) and torch.equal(seen[0][1][:1], trained.buckets)

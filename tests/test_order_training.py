@@ -75,6 +75,8 @@ def test_examples_and_labels_follow_the_trajectory():
         assert int(label) == int(committed[s + d])
         assert bool(candidates[label]) and not bool(candidates[0])  # the label is masked, the prompt never is
         assert torch.equal(candidates, block.states[s + d] == MASK)
+    last = batch.feats[..., TOPK + 6]  # features(): the last-commit flag, the seventh scalar
+    assert torch.equal(last.argmax(-1), committed[triples[:, 1] + triples[:, 2] - 1]) and torch.equal(last.sum(-1), torch.ones(len(last)))
 
 
 def test_heuristic_baseline_is_exact_when_stale_equals_fresh():
@@ -212,6 +214,13 @@ def test_foreign_or_inconsistent_files_are_named(checkpoint, tmp_path, change, w
     with pytest.raises(ValueError, match="corrupt or truncated") as err:
         load_checkpoint(path)
     assert why in str(err.value) and path in str(err.value)
+
+
+def test_a_checkpoint_of_a_retired_format_asks_for_retraining(checkpoint, tmp_path):
+    path = rewritten(checkpoint, tmp_path, lambda raw: raw.update(format="spot-order-model/1"))
+    with pytest.raises(ValueError, match="written by an earlier spot-eval: its order model reads no last-commit input") as err:
+        load_checkpoint(path)
+    assert "retrain it with spot-eval train-drafter" in str(err.value) and path in str(err.value)
 
 
 def test_missing_file_and_other_target_are_clear(tmp_path, checkpoint):

@@ -19,6 +19,8 @@ class DraftContext:
     state: [K] the current block state (the root of the tree to propose).
     stale_logits: [K, V] the target's logits from the previous forward, at the state whose step
         produced `state` (None at a block's first step, when no logits of this block exist yet).
+    stale_state: [K] that state (None with stale_logits None); where it is masked and `state` is
+        not, the last step committed.
     request, block, step: the noise key of the root's step; a node d commits-steps deep
         is scored by the verifier with `gumbel(step + d)`.
     gumbel: the coupled noise of a step of this block ([K, V] float64, None at T = 0).
@@ -26,6 +28,7 @@ class DraftContext:
 
     state: torch.Tensor
     stale_logits: torch.Tensor | None
+    stale_state: torch.Tensor | None
     config: DecodeConfig
     mask_id: int
     request: int

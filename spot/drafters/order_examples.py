@@ -2,8 +2,9 @@
 
 An example is a (root step s, depth d) pair of one recorded block: the root is the state before
 step s, the stale distribution is the one recorded at step s - 1 (the previous forward), the node
-is the true state d steps later (its extra commits marked as hypothetical), the node is scored
-with the noise of step s + d, and the label is the position the target committed at step s + d.
+is the true state d steps later (its extra commits marked as hypothetical, the one of step
+s + d - 1 also as the node's last commit), the node is scored with the noise of step s + d, and
+the label is the position the target committed at step s + d.
 Depth 0 is the metric of the published checkpoints (held-out next-commit accuracy); deeper
 examples teach the model the tree levels it scores at inference.
 """
@@ -71,5 +72,6 @@ def make_examples(block: RecordedBlock, pairs: list[tuple[int, int]], buckets: i
     prediction = predict(stale_lp, stale_ids, block.temperature, noise)
     root_masked = block.states[s] == block.mask_id  # [B, K]
     node_masked = block.states[s + d] == block.mask_id  # [B, K]
-    feats, token_buckets = features(stale_lp, stale_ids, prediction, node_masked, root_masked & ~node_masked, buckets)
+    last = torch.nn.functional.one_hot(labels_all[s + d - 1], block.states.shape[1]).bool()  # [B, K]
+    feats, token_buckets = features(stale_lp, stale_ids, prediction, node_masked, root_masked & ~node_masked, last, buckets)
     return ExampleBatch(feats, token_buckets, node_masked, labels_all[s + d], d)

@@ -14,6 +14,9 @@ Per position the input is:
     log c, and whether the predicted token is the stale top-1;
     whether the position is masked in the node's state, and whether an earlier tree level
         hypothetically committed it (so one model scores every depth of the tree);
+    whether the step into the node committed it (the tree edge into the node, or at the root the
+        target's last real step): the target's next commit is often beside its last one, because
+        a fresh token sharpens its neighbours' distributions, which the stale inputs cannot show;
     a learned embedding of the position in the block and of the predicted token's id bucket.
 The output is a logit per position; the softmax over the node's masked positions is
 P(committed next).
@@ -30,7 +33,7 @@ from torch import nn
 
 from spot.noise import gumbel_at, step_key
 
-N_SCALARS = 6  # confidence, log-confidence, is-top-1, masked, hypothetically committed, confidence rank
+N_SCALARS = 7  # confidence, log-confidence, is-top-1, masked, hypothetically committed, confidence rank, last commit
 LOGPROB_FLOOR = -30.0
 
 
@@ -93,6 +96,7 @@ def features(
     prediction: Prediction,
     masked: torch.Tensor,
     hypothetical: torch.Tensor,
+    last: torch.Tensor,
     buckets: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Model inputs for one or more nodes.
@@ -102,8 +106,9 @@ def features(
         prediction: the node step's Prediction ([..., K, 2]).
         masked: [..., K] bool, masked in the node's state.
         hypothetical: [..., K] bool, committed by earlier tree levels (masked at the root).
+        last: [..., K] bool, committed by the step into the node.
     Returns:
-        (features [..., K, k + 6] float32, token buckets [..., K] int64).
+        (features [..., K, k + N_SCALARS] float32, token buckets [..., K] int64).
     """
     confidence = prediction.probs[..., 0].clamp_min(1e-12)  # [..., K]
     is_top1 = (prediction.tokens[..., 0] == topk_ids[..., 0]).float()
@@ -116,8 +121,8 @@ def features(
     positions = torch.arange(score.shape[-1], device=score.device).expand_as(order)
     rank = torch.empty_like(order).scatter_(-1, order, positions).float() / score.shape[-1]
     scalars = torch.stack(
-        [confidence, confidence.log() / 10, is_top1, masked.float(), hypothetical.float(), rank], dim=-1
-    )  # [..., K, 6]
+        [confidence, confidence.log() / 10, is_top1, masked.float(), hypothetical.float(), rank, last.float()], dim=-1
+    )  # [..., K, N_SCALARS]
     logprobs = topk_logprobs.float().clamp_min(LOGPROB_FLOOR) / 10  # [..., K, k]
     return torch.cat([logprobs, scalars], dim=-1), prediction.tokens[..., 0] % buckets
 

@@ -40,7 +40,7 @@ class TrainConfig:
     warmup: int = 50
     weight_decay: float = 0.01
     grad_clip: float = 1.0
-    max_depth: int = 8  # examples at depths 0 .. max_depth - 1
+    max_depth: int = 1  # examples at depths 0 .. max_depth - 1; SpotDrafter's default model_depth=1 only asks depth 0
     heldout_fraction: float = 0.1  # of the requests
     max_seconds: float | None = None  # safety cap: stop early (TrainResult.stopped_early) after this long
     device: str = "cpu"
@@ -106,7 +106,7 @@ def split_by_request(
 ) -> tuple[list[RecordedBlock], list[RecordedBlock]]:
     """(train, held-out) blocks; a seeded `fraction` of the requests (at least one) is held out,
     stratified by temperature: per-request accuracy varies a lot (0.35 to 0.99 on one target), and
-    T = 0 is harder than T > 0, so an unlucky temperature mix would move the metric."""
+    differs between temperatures, so an unlucky temperature mix would move the metric."""
     temperature: dict[int, float] = {}
     for b in blocks:
         temperature[b.request] = min(b.temperature, temperature.get(b.request, b.temperature))

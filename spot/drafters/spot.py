@@ -28,11 +28,13 @@ class SpotDrafter:
         the model runs once per tree, at the root; None re-scores every node, which costs one
         sequential model call per popped placeholder. The tokens
         and their probabilities always come from the node's own step (its coupled noise).
-        Default 1 (one call per tree), measured on held-out trajectories of the embedded target,
-        block 32 (commits per verify forward, drafting seconds for 40 blocks): budget 8: 2.25 in
-        2.2 s (1), 2.33 in 7.1 s (2), 2.37 in 9.1 s (None); budget 20: 2.56 in 2.9 s (1), 2.74 in
-        9.7 s (2), 2.82 in 11.8 s (None). Re-scoring buys 5-10% more commits for 3-4x the drafting
-        time, a loss whenever the drafter's time is not negligible against a verify forward.
+        Default 1 (one call per tree). Measured with bench/drafter_replay.py on 62 held-out T = 0
+        blocks of the embedded target, block 32, with a drafter trained on depths 0-7 (commits per
+        verify forward, drafting seconds): budget 8: 2.39 in 2.1 s (1), 2.50 in 5.9 s (2), 2.61 in
+        7.6 s (None); budget 20: 2.70 in 3.6 s (1), 2.76 in 10.7 s (2), 3.03 in 18.6 s (None).
+        Re-scoring buys 4-12% more commits for 3-5x the drafting time, a loss whenever the
+        drafter's time is not negligible against a verify forward. model_depth > 1 needs an order
+        model trained on those depths (train-drafter --max-depth); the shipped ones saw depth 0 only.
     """
 
     def __init__(
@@ -66,6 +68,9 @@ class SpotDrafter:
         lp, ids = lp.to(device), ids.to(device)
         temperature = ctx.config.sampling.temperature
         root_masked = (ctx.state == ctx.mask_id).to(device)  # [K]
+        # node id -> [K] its masked positions; the root's parent (-1) is the state of the stale logits,
+        # so each node's last commit is where its parent was masked and it is not
+        masked_at = {-1: root_masked if ctx.stale_state is None else (ctx.stale_state == ctx.mask_id).to(device)}
         noise_by_depth: dict[int, torch.Tensor] = {}
         order_logits: dict[int, torch.Tensor] = {}  # node id -> [K] logits it was scored with
 
@@ -78,6 +83,8 @@ class SpotDrafter:
         def expand(frontier: Frontier) -> list[list[Edge]]:
             nodes = frontier.states.to(device)  # [B, K]
             masked = nodes == ctx.mask_id
+            masked_at.update(zip(frontier.nodes, masked, strict=True))
+            last = torch.stack([masked_at[p] for p in frontier.parents]) & ~masked  # [B, K]
             b = nodes.shape[0]
             node_noise = torch.stack([noise(d) for d in frontier.depths]) if temperature > 0 else None  # [B, K, k]
             pred = predict(lp.expand(b, -1, -1), ids.expand(b, -1, -1), temperature, node_noise)
@@ -87,7 +94,7 @@ class SpotDrafter:
                 sub = Prediction(pred.tokens[fresh], pred.probs[fresh])
                 feats, buckets = features(
                     lp.expand(len(fresh), -1, -1), ids.expand(len(fresh), -1, -1), sub, masked[fresh],
-                    root_masked & ~masked[fresh], self.model.config.buckets,
+                    root_masked & ~masked[fresh], last[fresh], self.model.config.buckets,
                 )
                 logits[fresh] = self.model(feats, buckets, masked[fresh])
             for i, (node, parent) in enumerate(zip(frontier.nodes, frontier.parents, strict=True)):
