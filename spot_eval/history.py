@@ -17,6 +17,7 @@ from spot_eval.results import Bundle, ResultsError, combine, read_bundle, read_r
 from spot_eval.tracking import client_env, resolve_uri, unreachable
 
 KIND_TAG = "spot_eval.kind"  # "nightly" on a nightly's summary run
+SUITE_TAG = "spot_eval.suite"  # the suite name on a nightly's summary run
 NIGHTLY_TAG = "spot_eval.nightly_run_id"  # on each evaluation run a nightly started
 BUNDLE_ARTIFACT = "nightly/nightly.json"
 
@@ -53,8 +54,8 @@ def _experiment(client: MlflowClient, uri: str, name: str) -> str:
     return experiment.experiment_id
 
 
-def nightly_runs(tracking_uri: str | None, experiment: str, limit: int = 30) -> list[NightlyRun]:
-    """The experiment's nightly summary runs, newest first (an absent experiment has none)."""
+def nightly_runs(tracking_uri: str | None, experiment: str, limit: int = 30, suite: str | None = None) -> list[NightlyRun]:
+    """The experiment's nightly summary runs (of one suite, if given), newest first (an absent experiment has none)."""
     client, uri = _client(tracking_uri)
     try:
         experiment_id = _experiment(client, uri, experiment)
@@ -64,7 +65,8 @@ def nightly_runs(tracking_uri: str | None, experiment: str, limit: int = 30) -> 
         raise
     with client_env():
         runs = client.search_runs(
-            [experiment_id], filter_string=f"tags.`{KIND_TAG}` = 'nightly'", max_results=limit,
+            [experiment_id], filter_string=f"tags.`{KIND_TAG}` = 'nightly'" + (f" and tags.`{SUITE_TAG}` = '{suite}'" if suite else ""),
+            max_results=limit,
             order_by=["attributes.start_time DESC"],
         )
     return [

@@ -4,7 +4,8 @@
    suite's tasks, logged to the suite's MLflow experiment, into `<report>/runs/T<t>-seed<s>/`.
    A rerun of the same day resumes: finished runs are kept.
 2. Compare: with the pinned baseline bundle (`--baseline FILE`, e.g. under results/) or else the
-   previous nightly of the experiment that passed (its `nightly/nightly.json` artifact).
+   previous nightly of the same suite in the experiment that passed (its `nightly/nightly.json`
+   artifact); suites sharing an experiment never become each other's baseline.
    spot_eval/regression.py says what a regression is.
 3. Report: `results/nightly/<date>/report.md` and a self-contained `report.html` (tables, bars
    against the baseline, accepted-length histograms, trend lines over the last nightlies), plus
@@ -16,6 +17,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -28,7 +30,7 @@ from pathlib import Path
 import pandas as pd
 
 from spot_eval import plots
-from spot_eval.history import BUNDLE_ARTIFACT, KIND_TAG, HistoryError, nightly_bundle, nightly_runs
+from spot_eval.history import BUNDLE_ARTIFACT, KIND_TAG, SUITE_TAG, HistoryError, nightly_bundle, nightly_runs
 from spot_eval.regression import Finding, Tolerances, accuracy_changes, find_regressions, method_table
 from spot_eval.report import Report, Section, write
 from spot_eval.results import Bundle, ResultsError, check_settings, combine, read_bundle, read_run
@@ -59,6 +61,8 @@ class Suite:
     def __post_init__(self) -> None:
         if not self.tasks or not self.temperatures or not self.seeds:
             raise NightlyError("a suite needs at least one task, temperature and seed")
+        if not re.fullmatch(r"[A-Za-z0-9_.-]+", self.name):
+            raise NightlyError(f"suite name {self.name!r}: use letters, digits, '_', '.' and '-' (it tags the MLflow runs)")
         if self.limit < 1 or self.gen_length < 1 or self.trend_window < 1:
             raise NightlyError(f"limit, gen_length and trend_window must be >= 1 (got {self.limit}, {self.gen_length}, {self.trend_window})")
 
@@ -141,21 +145,23 @@ def run_suite(suite: Suite, report_dir: Path, tracking_uri: str | None, log=prin
 # -- 2. baseline -----------------------------------------------------------------------------------------
 
 
-def find_baseline(pinned: str | Path | None, tracking_uri: str | None, experiment: str, log=print) -> tuple[Bundle | None, str]:
-    """(bundle, description); a pinned file wins, else the newest passing nightly of the experiment."""
+def find_baseline(
+    pinned: str | Path | None, tracking_uri: str | None, experiment: str, suite: str, log=print
+) -> tuple[Bundle | None, str]:
+    """(bundle, description); a pinned file wins, else the newest passing nightly of the suite in the experiment."""
     if pinned:
         try:
             return read_bundle(pinned), f"pinned baseline {pinned}"
         except ResultsError as err:
             raise NightlyError(str(err)) from None
     try:
-        for run in nightly_runs(tracking_uri, experiment):
+        for run in nightly_runs(tracking_uri, experiment, suite=suite):
             if run.status == "FINISHED" and not run.regression:
                 return nightly_bundle(tracking_uri, run.run_id), f"nightly run {run.run_id} of {_date(run.start_time)}"
     except HistoryError as err:
         log(f"nightly: warning: no baseline from MLflow: {err}")
         return None, f"none ({err})"
-    return None, f"none (no earlier passing nightly in experiment {experiment!r})"
+    return None, f"none (no earlier passing nightly of suite {suite!r} in experiment {experiment!r})"
 
 
 def _date(ms: int) -> str:
@@ -207,11 +213,13 @@ def build_report(suite: Suite, new: Bundle, base: Bundle | None, baseline: str, 
     return Report(f"spot-eval nightly {date}: suite {suite.name}", lead, sections)
 
 
-def trend_series(tracking_uri: str | None, experiment: str, window: int, current: pd.DataFrame, log=print) -> pd.DataFrame:
-    """Per nightly and method, mean throughput and forward ratios: past nightlies from MLflow plus this one."""
+def trend_series(
+    tracking_uri: str | None, experiment: str, suite: str, window: int, current: pd.DataFrame, log=print
+) -> pd.DataFrame:
+    """Per nightly and method, mean throughput and forward ratios: the suite's past nightlies from MLflow plus this one."""
     rows = []
     try:
-        past = nightly_runs(tracking_uri, experiment, limit=window - 1)
+        past = nightly_runs(tracking_uri, experiment, limit=window - 1, suite=suite)
     except HistoryError as err:
         log(f"nightly: warning: no trend from MLflow: {err}")
         past = []
@@ -244,7 +252,7 @@ def nightly(suite: Suite, out_root: str | Path = "results/nightly", tracking_uri
             log=print) -> NightlyResult:
     date = date or time.strftime("%Y-%m-%d")
     report_dir = Path(out_root) / date
-    base, described = find_baseline(baseline, tracking_uri, suite.experiment, log)  # a corrupt pin fails before hours of decoding
+    base, described = find_baseline(baseline, tracking_uri, suite.experiment, suite.name, log)  # a corrupt pin fails before hours of decoding
     runs = run_suite(suite, report_dir, tracking_uri, log)
     try:
         new = combine([read_run(r) for r in runs])
@@ -258,7 +266,7 @@ def nightly(suite: Suite, out_root: str | Path = "results/nightly", tracking_uri
             base, described = None, f"none ({described} has other settings)"
     findings = find_regressions(new, base, suite.tolerances)
     table = method_table(new, base)
-    trend = trend_series(tracking_uri, suite.experiment, suite.trend_window, table, log)
+    trend = trend_series(tracking_uri, suite.experiment, suite.name, suite.trend_window, table, log)
     report = build_report(suite, new, base, described, findings, table, trend, report_dir, date)
     bundle_path = new.write(report_dir / "nightly.json")
     md, page = write(report, report_dir)
@@ -272,7 +280,7 @@ def _log_nightly(suite: Suite, tracking_uri: str | None, date: str, table: pd.Da
     with warnings.catch_warnings():
         warnings.simplefilter("always")
         tracker = open_tracker(TrackingConfig(tracking_uri, suite.experiment, run_name=f"nightly {date}"))
-    tracker.set_tags({KIND_TAG: "nightly", "spot_eval.regression": str(regressed).lower(), "spot_eval.suite": suite.name})
+    tracker.set_tags({KIND_TAG: "nightly", "spot_eval.regression": str(regressed).lower(), SUITE_TAG: suite.name})
     tracker.log_params({"suite": suite.name, "tasks": ",".join(suite.tasks), "limit": suite.limit, "methods": suite.methods,
                         "temperatures": ",".join(f"{t:g}" for t in suite.temperatures),
                         "seeds": ",".join(map(str, suite.seeds)), "gen_length": suite.gen_length})

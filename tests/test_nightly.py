@@ -11,7 +11,7 @@ import pytest
 from mlflow import MlflowClient
 
 from spot_eval.drafter_checkpoint import load_checkpoint, save_checkpoint
-from spot_eval.nightly import NightlyError, load_suite
+from spot_eval.nightly import NightlyError, find_baseline, load_suite
 
 REPO = Path(__file__).resolve().parents[1]
 SPOT_EVAL = str(Path(sys.executable).parent / "spot-eval")
@@ -100,9 +100,29 @@ def test_suite_files_are_validated(tmp_path):
     assert load_suite(None).experiment == "spot-nightly"
     for text, message in [("name = ", "not valid TOML"), ('colour = "red"', "unknown keys colour"),
                           ('name="x"\nexperiment="e"\ntasks=[]\ninclude_path="t"\nlimit=1\nmethods="spot"\n'
-                           "temperatures=[0]\nseeds=[0]\ngen_length=8", "at least one task")]:
+                           "temperatures=[0]\nseeds=[0]\ngen_length=8", "at least one task"),
+                          ('name="my suite"\nexperiment="e"\ntasks=["t"]\ninclude_path="t"\nlimit=1\nmethods="spot"\n'
+                           "temperatures=[0]\nseeds=[0]\ngen_length=8", "suite name 'my suite'")]:
         (tmp_path / "s.toml").write_text(text)
         with pytest.raises(NightlyError, match=message):
             load_suite(tmp_path / "s.toml")
     with pytest.raises(NightlyError, match="does not exist"):
         load_suite(tmp_path / "missing.toml")
+
+
+def test_the_baseline_is_the_last_passing_nightly_of_the_same_suite(tmp_path):
+    """Two suites sharing an experiment (the committed comparison's t0 and t1) never baseline each other."""
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    client = MlflowClient(tracking_uri=uri)
+    experiment = client.create_experiment("shared", artifact_location=str(tmp_path / "artifacts"))
+    ids = {}
+    for suite, regressed in (("t0", "false"), ("t1", "false"), ("t0", "true")):  # the newest t0 nightly regressed
+        run = client.create_run(experiment, tags={"spot_eval.kind": "nightly", "spot_eval.suite": suite, "spot_eval.regression": regressed})
+        client.log_artifact(run.info.run_id, str(REPO / "results" / "comparison" / suite / "nightly.json"), "nightly")
+        client.set_terminated(run.info.run_id, "FINISHED")
+        ids.setdefault(suite, run.info.run_id)
+    for suite, temperature in (("t0", 0.0), ("t1", 1.0)):
+        bundle, described = find_baseline(None, uri, "shared", suite)
+        assert set(bundle.samples.temperature) == {temperature} and ids[suite] in described
+    bundle, described = find_baseline(None, uri, "shared", "nightly")
+    assert bundle is None and "no earlier passing nightly of suite 'nightly'" in described
