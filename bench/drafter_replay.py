@@ -29,10 +29,9 @@ import torch
 from spot.drafters.gamma import replay
 from spot.drafters.order_examples import RecordedBlock
 from spot.drafters.order_model import predict, step_noise_at_topk
-from spot.drafters.order_training import split_by_request
 from spot.drafters.spot import SpotDrafter
 from spot_eval.drafter_checkpoint import load_checkpoint
-from spot_eval.trajectories import read_blocks
+from spot_eval.fit_gamma import heldout_blocks
 
 
 def order_oracle_top1(blocks: list[RecordedBlock], budget: int) -> float:
@@ -71,9 +70,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     checkpoint = load_checkpoint(args.drafter)
-    blocks = [b for d in args.trajectories for b in read_blocks(d, checkpoint.fingerprint.get("policy", "single"))]
-    split = checkpoint.metrics.get("config", {})
-    heldout = split_by_request(blocks, split.get("heldout_fraction", 0.1), split.get("seed", 0))[1][: args.max_blocks]
+    heldout = heldout_blocks(checkpoint, args.trajectories)[: args.max_blocks]
     rows = []
     for budget in (int(b) for b in args.budgets.split("+")):
         for temperature in sorted({b.temperature for b in heldout}):

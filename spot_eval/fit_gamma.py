@@ -7,10 +7,28 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from spot.drafters.gamma import fit_gamma
+from spot.drafters.order_examples import RecordedBlock
 from spot.drafters.order_training import split_by_request
 from spot.drafters.spot import SpotDrafter
-from spot_eval.drafter_checkpoint import fingerprint_mismatch, load_checkpoint, save_checkpoint
+from spot_eval.drafter_checkpoint import (
+    DrafterCheckpoint,
+    fingerprint_mismatch,
+    load_checkpoint,
+    save_checkpoint,
+)
 from spot_eval.trajectories import read_blocks, read_manifest
+
+
+def heldout_blocks(checkpoint: DrafterCheckpoint, trajectories: Sequence[str | Path]) -> list[RecordedBlock]:
+    """The blocks of the requests the drafter's training held out (its recorded split) in `trajectories`."""
+    policy = checkpoint.fingerprint.get("policy", "single")
+    for directory in trajectories:
+        differences = fingerprint_mismatch(checkpoint.fingerprint, read_manifest(directory).fingerprint)
+        if differences:
+            raise ValueError(f"{directory} was recorded for another target than {checkpoint.path}: {'; '.join(differences)}")
+    blocks = [b for directory in trajectories for b in read_blocks(directory, policy=policy)]
+    split = checkpoint.metrics.get("config", {})
+    return split_by_request(blocks, split.get("heldout_fraction", 0.1), split.get("seed", 0))[1]
 
 
 def fit_gamma_command(
@@ -18,14 +36,7 @@ def fit_gamma_command(
 ) -> dict:
     """Fit on the requests the drafter's training held out; returns what was stored."""
     checkpoint = load_checkpoint(drafter)
-    policy = checkpoint.fingerprint.get("policy", "single")
-    for directory in trajectories:
-        differences = fingerprint_mismatch(checkpoint.fingerprint, read_manifest(directory).fingerprint)
-        if differences:
-            raise ValueError(f"{directory} was recorded for another target than {drafter}: {'; '.join(differences)}")
-    blocks = [b for directory in trajectories for b in read_blocks(directory, policy=policy)]
-    split = checkpoint.metrics.get("config", {})
-    _, heldout = split_by_request(blocks, split.get("heldout_fraction", 0.1), split.get("seed", 0))
+    heldout = heldout_blocks(checkpoint, trajectories)
     fit = fit_gamma(SpotDrafter(checkpoint.model), heldout[:max_blocks], budget)
     report = {
         "gamma": list(fit.gamma[:8]),
