@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import pytest
@@ -13,7 +14,7 @@ from spot.drafters.base import DraftContext
 from spot.drafters.gamma import fit_gamma, replay
 from spot.drafters.order_examples import RecordedBlock, make_examples
 from spot.drafters.order_model import OrderModel
-from spot.drafters.spot import SpotDrafter
+from spot.drafters.spot import SpotDrafter, _renormalised
 
 
 def recorded(target, prompts, config):
@@ -90,3 +91,15 @@ def test_the_drafter_scores_the_root_from_the_features_it_was_trained_on(tempera
         drafter.grow(ctx, block.topk_logprobs[s - 1].float(), block.topk_ids[s - 1].long())
         trained = make_examples(block, [(s, 0)], model.config.buckets)
         assert torch.equal(seen[0][0][:1], trained.feats) and torch.equal(seen[0][1][:1], trained.buckets)
+
+
+def test_a_node_takes_its_sources_edges_at_its_masked_positions_renormalised():
+    """_renormalised: literal table of (log P_order + log q, position, token), best first."""
+    logits = torch.tensor([0.0, math.log(3.0), float("-inf"), math.log(4.0)])  # position 2 committed at the source
+    table = [(math.log(4.0) - 0.1, 3, 40), (math.log(3.0) - 0.2, 1, 10), (math.log(3.0) - 0.9, 1, 11), (-0.3, 0, 7)]
+    # the node has also committed position 3: the order renormalises over positions {0, 1}
+    edges = _renormalised(table, [True, True, False, False], logits, budget=8)
+    assert [(e.position, e.token) for e in edges] == [(1, 10), (1, 11), (0, 7)]
+    assert [e.logp for e in edges] == pytest.approx([math.log(0.75) - 0.2, math.log(0.75) - 0.9, math.log(0.25) - 0.3])
+    assert len(_renormalised(table, [True, True, False, True], logits, budget=2)) == 2
+    assert _renormalised(table, [False, False, False, False], logits, budget=8) == []

@@ -10,6 +10,7 @@ depth's edge log-scores by a fitted exponent (spot.tree.grow_best_first's gamma)
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -26,15 +27,20 @@ class SpotDrafter:
     model_depth: tree levels that get a fresh order-model call; a deeper node reuses its parent's
         order logits, renormalised over the positions still masked (a Plackett-Luce chain). With 1
         the model runs once per tree, at the root; None re-scores every node, which costs one
-        sequential model call per popped placeholder. The tokens
-        and their probabilities always come from the node's own step (its coupled noise).
-        Default 1 (one call per tree). Measured with bench/drafter_replay.py on 62 held-out T = 0
-        blocks of the embedded target, block 32, with a drafter trained on depths 0-7 (commits per
-        verify forward, drafting seconds): budget 8: 2.39 in 2.1 s (1), 2.50 in 5.9 s (2), 2.61 in
-        7.6 s (None); budget 20: 2.70 in 3.6 s (1), 2.76 in 10.7 s (2), 3.03 in 18.6 s (None).
-        Re-scoring buys 4-12% more commits for 3-5x the drafting time, a loss whenever the
-        drafter's time is not negligible against a verify forward. model_depth > 1 needs an order
-        model trained on those depths (train-drafter --max-depth); the shipped ones saw depth 0 only.
+        sequential model call per popped placeholder. The tokens and their probabilities always
+        come from the node's own step (its coupled noise). Default 1 (one call per tree).
+        Measured with bench/drafter_replay.py on 62 held-out T = 0 blocks of the embedded target,
+        block 32, with a drafter trained on depths 0-7 (commits per verify forward, drafting
+        seconds): budget 8: 2.39 in 1.5 s (1), 2.50 in 5.7 s (2), 2.61 in 8.4 s (None); budget
+        20: 2.70 in 1.4 s (1), 2.76 in 6.7 s (2), 3.03 in 16.5 s (None). Re-scoring buys 4-12%
+        more commits for 4-12x the drafting time, a loss whenever the drafter's time is not
+        negligible against a verify forward. model_depth > 1 needs an order model trained on those
+        depths (train-drafter --max-depth); the shipped ones saw depth 0 only.
+
+    Nodes that share their order logits (every non-root node at model_depth 1) also share one
+    ranked edge table per step's noise (one at T = 0), so such a node costs a walk over at most
+    2K edges in Python, not a round of tensor operations: this cut the drafter's share of wall
+    time at budget 8 from 10.5% to 8.7% with identical trees.
     """
 
     def __init__(
@@ -71,51 +77,73 @@ class SpotDrafter:
         # node id -> [K] its masked positions; the root's parent (-1) is the state of the stale logits,
         # so each node's last commit is where its parent was masked and it is not
         masked_at = {-1: root_masked if ctx.stale_state is None else (ctx.stale_state == ctx.mask_id).to(device)}
-        noise_by_depth: dict[int, torch.Tensor] = {}
-        order_logits: dict[int, torch.Tensor] = {}  # node id -> [K] logits it was scored with
+        predictions: dict[int, Prediction] = {}
+        order_logits: dict[int, torch.Tensor] = {}  # node id -> [K] the order model's logits at that node
+        scored_by: dict[int, int] = {}  # node id -> the node whose order logits score it (itself or an ancestor)
+        tables: dict[tuple[int, int], list[tuple[float, int, int]]] = {}
 
-        def noise(depth: int) -> torch.Tensor:
-            if depth not in noise_by_depth:
-                step = ctx.step + depth
-                noise_by_depth[depth] = step_noise_at_topk(ctx.config.seed, ctx.request, ctx.block, step, ids)
-            return noise_by_depth[depth]
+        def prediction(depth: int) -> Prediction:  # [K, 2] tokens and probabilities under the step's noise
+            key = depth if temperature > 0 else 0  # at T = 0 the noise-free ranking is the same at every depth
+            if key not in predictions:
+                noise = None  # [K, k] the verifier's noise of the node's step (the coupled draw)
+                if temperature > 0:
+                    noise = step_noise_at_topk(ctx.config.seed, ctx.request, ctx.block, ctx.step + depth, ids)
+                predictions[key] = predict(lp, ids, temperature, noise)
+            return predictions[key]
+
+        def table(source: int, depth: int) -> list[tuple[float, int, int]]:
+            """The (score, position, token) edges of the source's order logits and the depth's tokens,
+            best first, before renormalising over a node's masked positions."""
+            key = (source, depth if temperature > 0 else 0)
+            if key not in tables:
+                pred = prediction(depth)
+                branch = pred.probs[:, 0] < self.gate  # [K]: uncertain token, try the runner-up too
+                token_lp = pred.probs.clamp_min(1e-12).log()  # [K, 2]
+                token_lp[:, 1] = token_lp[:, 1].masked_fill(~branch, float("-inf"))
+                scores = (order_logits[source][:, None] + token_lp).flatten()  # [2K] position-major
+                ranked = torch.sort(scores, descending=True, stable=True)
+                finite = ranked.values.isfinite()
+                indices = ranked.indices[finite]
+                tables[key] = list(zip(ranked.values[finite].tolist(), (indices // 2).tolist(),
+                                       pred.tokens.flatten()[indices].tolist(), strict=True))
+            return tables[key]
 
         def expand(frontier: Frontier) -> list[list[Edge]]:
             nodes = frontier.states.to(device)  # [B, K]
             masked = nodes == ctx.mask_id
-            masked_at.update(zip(frontier.nodes, masked, strict=True))
-            last = torch.stack([masked_at[p] for p in frontier.parents]) & ~masked  # [B, K]
-            b = nodes.shape[0]
-            node_noise = torch.stack([noise(d) for d in frontier.depths]) if temperature > 0 else None  # [B, K, k]
-            pred = predict(lp.expand(b, -1, -1), ids.expand(b, -1, -1), temperature, node_noise)
             fresh = [i for i, d in enumerate(frontier.depths) if self.model_depth is None or d < self.model_depth]
-            logits = torch.empty(b, nodes.shape[1], device=device)  # [B, K]
             if fresh:
-                sub = Prediction(pred.tokens[fresh], pred.probs[fresh])
+                masked_at.update((frontier.nodes[i], masked[i]) for i in fresh)
+                last = torch.stack([masked_at[frontier.parents[i]] for i in fresh]) & ~masked[fresh]  # [F, K]
+                pred = [prediction(frontier.depths[i]) for i in fresh]
                 feats, buckets = features(
-                    lp.expand(len(fresh), -1, -1), ids.expand(len(fresh), -1, -1), sub, masked[fresh],
-                    root_masked & ~masked[fresh], last[fresh], self.model.config.buckets,
+                    lp.expand(len(fresh), -1, -1), ids.expand(len(fresh), -1, -1),
+                    Prediction(torch.stack([p.tokens for p in pred]), torch.stack([p.probs for p in pred])),
+                    masked[fresh], root_masked & ~masked[fresh], last, self.model.config.buckets,
                 )
-                logits[fresh] = self.model(feats, buckets, masked[fresh])
-            for i, (node, parent) in enumerate(zip(frontier.nodes, frontier.parents, strict=True)):
-                if i not in fresh:
-                    logits[i] = order_logits[parent]
-                order_logits[node] = logits[i]
-            order = torch.log_softmax(logits.masked_fill(~masked, float("-inf")), dim=-1)  # [B, K]
-            branch = pred.probs[..., 0] < self.gate  # [B, K]: uncertain token, try the runner-up too
-            scores = order[..., None] + pred.probs.clamp_min(1e-12).log()  # [B, K, 2]
-            scores[..., 1] = scores[..., 1].masked_fill(~branch, float("-inf"))
-            scores = scores.masked_fill(~masked[..., None], float("-inf"))  # also clears all-committed rows' NaN
-            return _ranked_edges(scores.flatten(1), pred.tokens.flatten(1), ctx.budget)
+                logits = self.model(feats, buckets, masked[fresh])  # [F, K], -inf where committed
+                order_logits.update(zip((frontier.nodes[i] for i in fresh), logits, strict=True))
+            out = []
+            for i, (node, parent, depth) in enumerate(zip(frontier.nodes, frontier.parents, frontier.depths, strict=True)):
+                scored_by[node] = node if i in fresh else scored_by[parent]
+                out.append(_renormalised(table(scored_by[node], depth), masked[i].tolist(), order_logits[scored_by[node]], ctx.budget))
+            return out
 
         return grow_best_first(ctx.state, ctx.budget, expand, self.gamma)
 
 
-def _ranked_edges(scores: torch.Tensor, tokens: torch.Tensor, budget: int) -> list[list[Edge]]:
-    """Per node, its best `budget` finite edges, best first. scores, tokens: [B, 2K] (position-major)."""
-    top = torch.topk(scores, min(budget, scores.shape[1]), dim=1)
-    picked = tokens.gather(1, top.indices)
-    out = []
-    for values, indices, toks in zip(top.values.tolist(), top.indices.tolist(), picked.tolist(), strict=True):
-        out.append([Edge(i // 2, t, v) for v, i, t in zip(values, indices, toks, strict=True) if v != float("-inf")])
-    return out
+def _renormalised(table: list[tuple[float, int, int]], masked: list[bool], logits: torch.Tensor, budget: int) -> list[Edge]:
+    """A node's best `budget` edges: the table's edges at its masked positions, with the order
+    logits renormalised over those positions (a deeper node's Plackett-Luce step). logits: [K]."""
+    kept = [v for v, m in zip(logits.tolist(), masked, strict=True) if m and v != float("-inf")]
+    if not kept:
+        return []
+    top = max(kept)
+    log_z = top + math.log(sum(math.exp(v - top) for v in kept))
+    edges = []
+    for score, position, token in table:
+        if masked[position]:
+            edges.append(Edge(position, token, score - log_z))
+            if len(edges) == budget:
+                break
+    return edges
