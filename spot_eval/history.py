@@ -18,6 +18,7 @@ from spot_eval.tracking import client_env, resolve_uri, unreachable
 
 KIND_TAG = "spot_eval.kind"  # "nightly" on a nightly's summary run
 SUITE_TAG = "spot_eval.suite"  # the suite name on a nightly's summary run
+REGRESSION_TAG = "spot_eval.regression"  # "true" / "false" on a nightly's summary run
 NIGHTLY_TAG = "spot_eval.nightly_run_id"  # on each evaluation run a nightly started
 BUNDLE_ARTIFACT = "nightly/nightly.json"
 
@@ -71,7 +72,7 @@ def nightly_runs(tracking_uri: str | None, experiment: str, limit: int = 30, sui
         )
     return [
         NightlyRun(r.info.run_id, r.info.start_time, r.info.status,
-                   r.data.tags.get("spot_eval.regression") == "true", dict(r.data.metrics))
+                   r.data.tags.get(REGRESSION_TAG) == "true", dict(r.data.metrics))
         for r in runs
     ]
 

@@ -30,7 +30,15 @@ from pathlib import Path
 import pandas as pd
 
 from spot_eval import plots
-from spot_eval.history import BUNDLE_ARTIFACT, KIND_TAG, SUITE_TAG, HistoryError, nightly_bundle, nightly_runs
+from spot_eval.history import (
+    BUNDLE_ARTIFACT,
+    KIND_TAG,
+    REGRESSION_TAG,
+    SUITE_TAG,
+    HistoryError,
+    nightly_bundle,
+    nightly_runs,
+)
 from spot_eval.regression import Finding, Tolerances, accuracy_changes, find_regressions, method_table
 from spot_eval.report import Report, Section, write
 from spot_eval.results import Bundle, ResultsError, check_settings, combine, read_bundle, read_run
@@ -280,7 +288,7 @@ def _log_nightly(suite: Suite, tracking_uri: str | None, date: str, table: pd.Da
     with warnings.catch_warnings():
         warnings.simplefilter("always")
         tracker = open_tracker(TrackingConfig(tracking_uri, suite.experiment, run_name=f"nightly {date}"))
-    tracker.set_tags({KIND_TAG: "nightly", "spot_eval.regression": str(regressed).lower(), SUITE_TAG: suite.name})
+    tracker.set_tags({KIND_TAG: "nightly", REGRESSION_TAG: str(regressed).lower(), SUITE_TAG: suite.name})
     tracker.log_params({"suite": suite.name, "tasks": ",".join(suite.tasks), "limit": suite.limit, "methods": suite.methods,
                         "temperatures": ",".join(f"{t:g}" for t in suite.temperatures),
                         "seeds": ",".join(map(str, suite.seeds)), "gen_length": suite.gen_length})
