@@ -192,13 +192,13 @@ def _decode_block(target, state, start, block, lo, hi, config, drafter, request,
             noise[step] = gumbel(key, target.block_length, target.vocab_size, target.device)
         return noise[step]
 
-    states, tops, stale, stale_state, nodes = [state], [], None, None, 0
+    states, tops, stale, stale_state, prior, nodes = [state], [], None, None, None, 0
     while not finished(state, lo, hi, mask_id, eos):
         step = len(states) - 1
         tree = DraftTree.root_only(state)
         if config.budget > 0:
             t = time.perf_counter()
-            ctx = DraftContext(state, stale, stale_state, config, mask_id, request, block, step, config.budget, step_noise)
+            ctx = DraftContext(state, stale, stale_state, prior, config, mask_id, request, block, step, config.budget, step_noise)
             tree = drafter.draft(ctx)
             clock.drafter += time.perf_counter() - t
             if tree.size > config.budget or not torch.equal(tree.states[0].cpu(), state.cpu()):
@@ -209,7 +209,7 @@ def _decode_block(target, state, start, block, lo, hi, config, drafter, request,
         nodes += tree.size
         node, advanced = 0, 0
         while True:  # follow the target down the tree
-            stale, stale_state = logits[node], tree.states[node]
+            prior, stale, stale_state = stale, logits[node], tree.states[node]
             state = next_state(stale_state.to(logits.device), stale, step_noise(step + advanced), config, mask_id).cpu()
             advanced += 1
             states.append(state)
@@ -222,4 +222,6 @@ def _decode_block(target, state, start, block, lo, hi, config, drafter, request,
                 break
             node = int(match[0])
         lengths.append(advanced)
+        if advanced == 1 and prior is not None and config.budget > 0:
+            prior = prior.clone()  # a row of the previous forward's logits: keep the row, free the rest
     return states, tops, nodes

@@ -176,6 +176,8 @@ def _add_train_drafter(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-depth", type=int, default=1,
                    help="train on tree depths 0 .. max_depth - 1 (the default drafter scores depth 0 only; "
                    "deeper depths serve SpotDrafter(model_depth > 1))")
+    p.add_argument("--confidence-weight", type=float, default=1.0,
+                   help="weight of the auxiliary loss on every position's confidence at the target's real step (0: off)")
     p.add_argument("--heldout", type=float, default=0.1, help="fraction of the requests held out")
     p.add_argument("--minutes", type=float, default=None, help="safety cap: stop early (and say so) after this long")
     p.add_argument("--device", default="cpu")
@@ -198,6 +200,7 @@ def _run_train_drafter(args: argparse.Namespace) -> None:
         batch_size=args.batch_size,
         lr=args.lr,
         max_depth=args.max_depth,
+        confidence_weight=args.confidence_weight,
         heldout_fraction=args.heldout,
         max_seconds=None if args.minutes is None else 60 * args.minutes,
         device=args.device,

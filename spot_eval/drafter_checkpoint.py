@@ -2,7 +2,7 @@
 
 A checkpoint is one `torch.save`d dict, read back with `torch.load(path, weights_only=True)`:
 
-    {"format": "spot-order-model/2", "state_dict": {...}, "state_sha256": "...",
+    {"format": "spot-order-model/3", "state_dict": {...}, "state_sha256": "...",
      "config": OrderModelConfig.to_dict(), "fingerprint": target_fingerprint(...),
      "metrics": {...held-out accuracies...}, "gamma": None}
 
@@ -29,9 +29,12 @@ import torch
 from spot.drafters.order_model import OrderModel, OrderModelConfig
 from spot.targets.sdar import SDARTarget
 
-FORMAT = "spot-order-model/2"
+FORMAT = "spot-order-model/3"
 # Formats this version reads no more, with why: the order model's inputs changed.
-RETIRED = {"spot-order-model/1": "its order model reads no last-commit input (format 1, before 2026-12)"}
+RETIRED = {
+    "spot-order-model/1": "its order model reads no last-commit input (format 1, before 2026-12)",
+    "spot-order-model/2": "its order model reads no margin, writing-front or prior-forward inputs (format 2, 2026-12-01)",
+}
 KEYS = ("format", "state_dict", "state_sha256", "config", "fingerprint", "metrics", "gamma")
 # What must agree between a drafter and the target it drafts for; "model" (the directory name) is
 # informational, so a copied or renamed target directory still matches.

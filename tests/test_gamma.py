@@ -86,11 +86,62 @@ def test_the_drafter_scores_the_root_from_the_features_it_was_trained_on(tempera
     block = recorded(target, [list(range(1, 12))], config)[0]
     assert block.states.shape[0] > 3  # a few steps to compare
     for s in range(1, block.states.shape[0] - 1):
-        ctx = DraftContext(block.states[s], None, block.states[s - 1], config, block.mask_id, block.request, block.block, s, 4, lambda _: None)
+        ctx = DraftContext(block.states[s], None, block.states[s - 1], None, config, block.mask_id, block.request, block.block,
+                           s, 4, lambda _: None)
         seen.clear()
-        drafter.grow(ctx, block.topk_logprobs[s - 1].float(), block.topk_ids[s - 1].long())
+        drafter.grow(ctx, block.topk_logprobs[s - 1].float(), block.topk_ids[s - 1].long(), block.prior(s))
         trained = make_examples(block, [(s, 0)], model.config.buckets)
         assert torch.equal(seen[0][0][:1], trained.feats) and torch.equal(seen[0][1][:1], trained.buckets)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_the_drafter_in_the_engine_reads_the_inputs_its_training_examples_hold(temperature):
+    """At decode time the stale and prior logits come from verify forwards (the prior from the same
+    forward when a tree was accepted, else from the one before); the order model must still see what
+    make_examples builds from the draft-free trajectory at that root step."""
+    target = tiny_target(16, seed=4, eos_ids=frozenset())
+    torch.manual_seed(0)
+    model = OrderModel()
+    seen = []
+    model.register_forward_hook(lambda module, args, out: seen.append(args[:2]))
+    drafter = SpotDrafter(model, gate=0.9)
+    roots = []
+    draft = drafter.draft
+
+    def spy(ctx):
+        if ctx.stale_logits is not None:
+            roots.append((ctx.block, ctx.step, ctx.prior_logits is not None))
+        return draft(ctx)
+
+    drafter.draft = spy
+    config = DecodeConfig(block_length=16, gen_length=48, sampling=Sampling(temperature), seed=3)
+    ids = list(range(1, 12))
+    got = generate(target, ids, replace(config, budget=4), drafter=drafter)
+    blocks = {b.block: b for b in recorded(target, [ids], config)}
+    assert got.token_ids == generate(target, ids, config).token_ids
+    assert len(seen) == len(roots) and any(with_prior for *_, with_prior in roots)
+    assert max(got.stats.accepted_lengths) > 1  # some priors come from the same forward as the stale logits
+    for (block, s, with_prior), (feats, buckets) in zip(roots, seen, strict=True):
+        assert with_prior == (s >= 2)
+        trained = make_examples(blocks[block], [(s, 0)], model.config.buckets)
+        assert torch.allclose(feats, trained.feats, atol=1e-5) and torch.equal(buckets, trained.buckets)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_the_auxiliary_target_is_the_confidence_the_target_selects_by(temperature):
+    """With the whole vocabulary recorded, each example's fresh confidences are the ones the target's
+    step compared: their argmax over the node's masked positions is the label, at every depth."""
+    target = tiny_target(16, seed=4, eos_ids=frozenset())
+    config = DecodeConfig(block_length=16, gen_length=48, sampling=Sampling(temperature), seed=3)
+    blocks = []
+    for request, ids in enumerate([list(range(1, 12)), list(range(20, 23))]):
+        g = generate(target, ids, config, request=request, record=True, record_topk=VOCAB - 1)
+        blocks += [RecordedBlock(t.states, t.topk_logprobs, t.topk_ids, target.mask_id, config.seed, request, t.block,
+                                 temperature) for t in g.trajectory]
+    for block in blocks:
+        n_steps = block.states.shape[0] - 1
+        batch = make_examples(block, [(s, d) for s in range(1, n_steps) for d in range(min(3, n_steps - s))], 128)
+        assert torch.equal(batch.fresh.masked_fill(~batch.candidates, -1.0).argmax(-1), batch.labels)
 
 
 def test_a_node_takes_its_sources_edges_at_its_masked_positions_renormalised():

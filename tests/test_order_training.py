@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from spot.drafters.order_examples import RecordedBlock
-from spot.drafters.order_model import OrderModel, OrderModelConfig
+from spot.drafters.order_model import SCALARS, OrderModel, OrderModelConfig
 from spot.drafters.order_training import (
     TrainConfig,
     build_batch,
@@ -75,7 +75,7 @@ def test_examples_and_labels_follow_the_trajectory():
         assert int(label) == int(committed[s + d])
         assert bool(candidates[label]) and not bool(candidates[0])  # the label is masked, the prompt never is
         assert torch.equal(candidates, block.states[s + d] == MASK)
-    last = batch.feats[..., TOPK + 6]  # features(): the last-commit flag, the seventh scalar
+    last = batch.feats[..., TOPK + SCALARS.index("last_commit")]
     assert torch.equal(last.argmax(-1), committed[triples[:, 1] + triples[:, 2] - 1]) and torch.equal(last.sum(-1), torch.ones(len(last)))
 
 
@@ -216,9 +216,12 @@ def test_foreign_or_inconsistent_files_are_named(checkpoint, tmp_path, change, w
     assert why in str(err.value) and path in str(err.value)
 
 
-def test_a_checkpoint_of_a_retired_format_asks_for_retraining(checkpoint, tmp_path):
-    path = rewritten(checkpoint, tmp_path, lambda raw: raw.update(format="spot-order-model/1"))
-    with pytest.raises(ValueError, match="written by an earlier spot-eval: its order model reads no last-commit input") as err:
+@pytest.mark.parametrize(
+    "retired, why", [("spot-order-model/1", "reads no last-commit input"), ("spot-order-model/2", "reads no margin")]
+)
+def test_a_checkpoint_of_a_retired_format_asks_for_retraining(checkpoint, tmp_path, retired, why):
+    path = rewritten(checkpoint, tmp_path, lambda raw: raw.update(format=retired))
+    with pytest.raises(ValueError, match=f"written by an earlier spot-eval: its order model {why}") as err:
         load_checkpoint(path)
     assert "retrain it with spot-eval train-drafter" in str(err.value) and path in str(err.value)
 

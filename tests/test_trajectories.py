@@ -146,7 +146,7 @@ def test_cli_collect_then_train_drafter(checkpoint, tmp_path, capsys):
     main(["train-drafter", "--trajectories", str(out), "--out", str(drafter), "--steps", "3", "--batch-size", "32",
           "--heldout", "0.34", "--max-depth", "2"])
     captured = capsys.readouterr()
-    assert "order model parameters: 624897" in captured.err
+    assert "order model parameters: 626050" in captured.err
     summary = json.loads(captured.out)
     assert summary["steps"] == 3 and len(summary["heldout_top1_by_depth"]) == 2 and summary["heldout_requests"] == 1
     loaded = load_checkpoint(drafter)

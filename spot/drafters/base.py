@@ -21,6 +21,8 @@ class DraftContext:
         produced `state` (None at a block's first step, when no logits of this block exist yet).
     stale_state: [K] that state (None with stale_logits None); where it is masked and `state` is
         not, the last step committed.
+    prior_logits: [K, V] the logits behind the step before that one (None at a block's first two
+        steps): what changed between them shows which positions are sharpening.
     request, block, step: the noise key of the root's step; a node d commits-steps deep
         is scored by the verifier with `gumbel(step + d)`.
     gumbel: the coupled noise of a step of this block ([K, V] float64, None at T = 0).
@@ -29,6 +31,7 @@ class DraftContext:
     state: torch.Tensor
     stale_logits: torch.Tensor | None
     stale_state: torch.Tensor | None
+    prior_logits: torch.Tensor | None
     config: DecodeConfig
     mask_id: int
     request: int

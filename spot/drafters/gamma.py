@@ -46,8 +46,9 @@ def replay(drafter: SpotDrafter, blocks: Sequence[RecordedBlock], budget: int) -
         while s < n_steps:
             accepted = 1
             if s > 0:
-                ctx = DraftContext(block.states[s], None, block.states[s - 1], config, block.mask_id, block.request, block.block, s, budget, lambda _: None)
-                tree = drafter.grow(ctx, block.topk_logprobs[s - 1].float(), block.topk_ids[s - 1].long())
+                ctx = DraftContext(block.states[s], None, block.states[s - 1], None, config, block.mask_id, block.request,
+                                   block.block, s, budget, lambda _: None)
+                tree = drafter.grow(ctx, block.topk_logprobs[s - 1].float(), block.topk_ids[s - 1].long(), block.prior(s))
                 nodes = {tuple(row) for row in tree.states.tolist()}
                 while s + accepted <= n_steps - 1 and tuple(block.states[s + accepted].tolist()) in nodes:
                     accepted += 1

@@ -1,7 +1,8 @@
 """Training examples for the order model, cut from draft-free trajectories.
 
 An example is a (root step s, depth d) pair of one recorded block: the root is the state before
-step s, the stale distribution is the one recorded at step s - 1 (the previous forward), the node
+step s, the stale distribution is the one recorded at step s - 1 (the previous forward), its prior
+the top-1 recorded at step s - 2 (none at s = 1), the node
 is the true state d steps later (its extra commits marked as hypothetical, the one of step
 s + d - 1 also as the node's last commit), the node is scored with the noise of step s + d, and
 the label is the position the target committed at step s + d.
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from spot.drafters.order_model import features, predict, step_noise_at_topk
+from spot.drafters.order_model import Prior, features, predict, step_noise_at_topk
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,12 @@ class RecordedBlock:
     block: int
     temperature: float
 
+    def prior(self, s: int) -> Prior | None:
+        """What the order model reads as the prior at root step s: the top-1 behind step s - 2."""
+        if s < 2:
+            return None
+        return Prior(self.topk_logprobs[s - 2, :, 0].float(), self.topk_ids[s - 2, :, 0].long(), torch.tensor(True))
+
     def committed_positions(self) -> torch.Tensor:
         """[S] the one position each step committed (the `single` policy)."""
         changed = self.states[1:] != self.states[:-1]  # [S, K]
@@ -44,13 +51,16 @@ class RecordedBlock:
 
 @dataclass(frozen=True)
 class ExampleBatch:
-    """feats [B, K, F], buckets [B, K], candidates [B, K] bool, labels [B], depths [B]."""
+    """feats [B, K, F], buckets [B, K], candidates [B, K] bool, labels [B], depths [B];
+    fresh [B, K]: each position's confidence under the logits the label was decided on (the target's
+    real step at the node), the order model's auxiliary target."""
 
     feats: torch.Tensor
     buckets: torch.Tensor
     candidates: torch.Tensor
     labels: torch.Tensor
     depths: torch.Tensor
+    fresh: torch.Tensor
 
 
 def example_index(block: RecordedBlock, max_depth: int) -> list[tuple[int, int]]:
@@ -64,14 +74,18 @@ def make_examples(block: RecordedBlock, pairs: list[tuple[int, int]], buckets: i
     s = torch.tensor([p[0] for p in pairs])
     d = torch.tensor([p[1] for p in pairs])
     stale_lp, stale_ids = block.topk_logprobs[s - 1].float(), block.topk_ids[s - 1].long()  # [B, K, k]
-    noise = None
+    fresh_lp, fresh_ids = block.topk_logprobs[s + d].float(), block.topk_ids[s + d].long()  # [B, K, k]
+    noise = fresh_noise = None
     if block.temperature > 0:
-        noise = torch.stack(
-            [step_noise_at_topk(block.seed, block.request, block.block, int(step), ids) for step, ids in zip(s + d, stale_ids, strict=True)]
-        )
+        def noise_at(ids: torch.Tensor) -> torch.Tensor:  # [B, K, k] the noise of each example's node step
+            return torch.stack([step_noise_at_topk(block.seed, block.request, block.block, int(t), i) for t, i in zip(s + d, ids, strict=True)])
+        noise, fresh_noise = noise_at(stale_ids), noise_at(fresh_ids)
     prediction = predict(stale_lp, stale_ids, block.temperature, noise)
+    fresh = predict(fresh_lp, fresh_ids, block.temperature, fresh_noise).probs[..., 0]  # [B, K]
     root_masked = block.states[s] == block.mask_id  # [B, K]
     node_masked = block.states[s + d] == block.mask_id  # [B, K]
     last = torch.nn.functional.one_hot(labels_all[s + d - 1], block.states.shape[1]).bool()  # [B, K]
-    feats, token_buckets = features(stale_lp, stale_ids, prediction, node_masked, root_masked & ~node_masked, last, buckets)
-    return ExampleBatch(feats, token_buckets, node_masked, labels_all[s + d], d)
+    before = (s - 2).clamp_min(0)  # the forward before the stale one; s = 1 has none
+    prior = Prior(block.topk_logprobs[before, :, 0].float(), block.topk_ids[before, :, 0].long(), s >= 2)  # [B, K]
+    feats, token_buckets = features(stale_lp, stale_ids, prediction, node_masked, root_masked & ~node_masked, last, prior, buckets)
+    return ExampleBatch(feats, token_buckets, node_masked, labels_all[s + d], d, fresh)

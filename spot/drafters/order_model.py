@@ -1,9 +1,9 @@
 """SPOT's order model: which masked position does the target commit next?
 
 A 0.62M-parameter transformer (3 layers, d_model 128, 8 heads) over the block's K positions. It
-reads only the target's own output distribution from the previous forward ("stale" top-32
-log-probabilities per position), never the target's hidden states or the tokens' meaning beyond a
-hashed id bucket. [INF: the published card names the size and the stale top-32 inputs; the exact
+reads only the target's own output distributions: the one behind the root's step ("stale" top-32
+log-probabilities per position) and the top-1 of the one before it ("prior"), never the target's
+hidden states or the tokens' meaning beyond a hashed id bucket. [INF: the published card names the size and the stale top-32 inputs; the exact
 features below are this project's design.]
 
 Per position the input is:
@@ -12,11 +12,20 @@ Per position the input is:
         of (stale top-k logits / T + that step's counter-keyed noise), exactly the draw the target
         makes, so c tracks the target's real confidence; at T = 0 it is the stale top-1;
     log c, and whether the predicted token is the stale top-1;
+    the runner-up token's probability, and the margin by which the predicted token leads the
+        runner-up in the ranking score (logits / T + noise, or the log-probability gap at T = 0):
+        how firmly the predicted token, and so its confidence, will hold when the logits move;
     whether the position is masked in the node's state, and whether an earlier tree level
         hypothetically committed it (so one model scores every depth of the tree);
+    the rank of c among the node's masked positions;
     whether the step into the node committed it (the tree edge into the node, or at the root the
         target's last real step): the target's next commit is often beside its last one, because
         a fresh token sharpens its neighbours' distributions, which the stale inputs cannot show;
+    the signed distance to that last commit and the distances to the nearest committed position
+        on either side (the block's writing front);
+    the trend since the forward before the stale one ("prior"): the change of the top-1
+        log-probability, whether the top-1 token is the same, and whether a prior exists (a
+        block's second step has none);
     a learned embedding of the position in the block and of the predicted token's id bucket.
 The output is a logit per position; the softmax over the node's masked positions is
 P(committed next).
@@ -33,8 +42,14 @@ from torch import nn
 
 from spot.noise import gumbel_at, step_key
 
-N_SCALARS = 7  # confidence, log-confidence, is-top-1, masked, hypothetically committed, confidence rank, last commit
+# The scalar inputs per position, in feature order after the k log-probabilities.
+SCALARS = (
+    "confidence", "log_confidence", "is_top1", "runner_up", "margin", "masked", "hypothetical", "rank",
+    "last_commit", "to_last_commit", "to_committed_left", "to_committed_right", "prior_rise", "prior_same", "prior_present",
+)
+N_SCALARS = len(SCALARS)
 LOGPROB_FLOOR = -30.0
+MARGIN_CAP = 20.0  # ranking margins beyond this are "certain" for the model's purpose
 
 
 @dataclass(frozen=True)
@@ -57,10 +72,22 @@ class Prediction:
 
     tokens: [..., K, 2] the first- and second-ranked token.
     probs: [..., K, 2] their probabilities under the stale (temperature-scaled) distribution.
+    margin: [..., K] the first-ranked token's lead in the ranking score (>= 0).
     """
 
     tokens: torch.Tensor
     probs: torch.Tensor
+    margin: torch.Tensor
+
+
+@dataclass(frozen=True)
+class Prior:
+    """The top-1 of the forward before the stale one, per position: logprobs [..., K], ids [..., K];
+    present [...] bool, False where there was none (a block's second step)."""
+
+    logprobs: torch.Tensor
+    ids: torch.Tensor
+    present: torch.Tensor
 
 
 def predict(
@@ -68,18 +95,30 @@ def predict(
 ) -> Prediction:
     """Rank the stale top-k tokens the way the target draws: by logits / T + noise (T > 0) or by logits.
 
+    The probabilities are the target's confidences, softmax(logits / T) over the whole vocabulary.
+    Only the top-k is known; the rest of the vocabulary holds 1 - sum(exp(top-k log-probs)) of the
+    mass at T = 1, and is counted as if it all sat at the k-th log-probability: exact at T = 1, an
+    upper bound of the tail's share below it and a lower bound above. (Renormalising over the top-k
+    alone overstates a confidence by the position's tail mass, about 19% on the embedded target at
+    T = 1, which varies between positions: it cost the "argmax confidence" heuristic 0.04 of
+    next-commit accuracy there.)
+
     Args:
         topk_logprobs, topk_ids: [..., K, k] stale log-softmax top-k (descending) and their ids.
         noise: [..., K, k] the step's Gumbel noise at those ids (None at T = 0).
     """
     if temperature > 0:
-        z = topk_logprobs.double() / temperature
-        probs = torch.softmax(z, dim=-1)  # renormalised over the top-k
-        order = torch.topk(z + noise, 2, dim=-1).indices  # [..., K, 2]
+        lp = topk_logprobs.double()
+        z = lp / temperature
+        tail = (1.0 - lp.exp().sum(-1)).clamp_min(0.0).log() + lp[..., -1] * (1.0 / temperature - 1.0)  # [..., K]
+        probs = (z - torch.logaddexp(torch.logsumexp(z, dim=-1), tail)[..., None]).exp()
+        ranked = torch.topk(z + noise, 2, dim=-1)  # [..., K, 2]
+        order, margin = ranked.indices, ranked.values[..., 0] - ranked.values[..., 1]
     else:
         probs = topk_logprobs.double().exp()
         order = torch.arange(2, device=topk_ids.device).expand(*topk_ids.shape[:-1], 2)
-    return Prediction(tokens=topk_ids.gather(-1, order), probs=probs.gather(-1, order).float())
+        margin = topk_logprobs[..., 0].double() - topk_logprobs[..., 1].double()
+    return Prediction(tokens=topk_ids.gather(-1, order), probs=probs.gather(-1, order).float(), margin=margin.float())
 
 
 def step_noise_at_topk(
@@ -97,6 +136,7 @@ def features(
     masked: torch.Tensor,
     hypothetical: torch.Tensor,
     last: torch.Tensor,
+    prior: Prior | None,
     buckets: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Model inputs for one or more nodes.
@@ -106,22 +146,45 @@ def features(
         prediction: the node step's Prediction ([..., K, 2]).
         masked: [..., K] bool, masked in the node's state.
         hypothetical: [..., K] bool, committed by earlier tree levels (masked at the root).
-        last: [..., K] bool, committed by the step into the node.
+        last: [..., K] bool, committed by the step into the node (at most one position).
+        prior: the top-1 of the forward before the stale one ([..., K]), None where none exists.
     Returns:
         (features [..., K, k + N_SCALARS] float32, token buckets [..., K] int64).
     """
+    n = masked.shape[-1]
     confidence = prediction.probs[..., 0].clamp_min(1e-12)  # [..., K]
     is_top1 = (prediction.tokens[..., 0] == topk_ids[..., 0]).float()
+    margin = prediction.margin.clamp(0.0, MARGIN_CAP) / MARGIN_CAP
     # The rank of the confidence among the node's masked positions (0 = the most confident, ties to the
     # leftmost as in spot.policy.select): near-certain positions differ in confidence by 1e-4 or less,
     # which the model cannot resolve from the raw value, so without it the model fell below the
     # "argmax stale confidence" heuristic at depth 0.
     score = confidence.masked_fill(~masked, -1.0)
     order = torch.argsort(score, dim=-1, descending=True, stable=True)
-    positions = torch.arange(score.shape[-1], device=score.device).expand_as(order)
-    rank = torch.empty_like(order).scatter_(-1, order, positions).float() / score.shape[-1]
-    scalars = torch.stack(
-        [confidence, confidence.log() / 10, is_top1, masked.float(), hypothetical.float(), rank, last.float()], dim=-1
+    index = torch.arange(n, device=masked.device).expand_as(order)
+    rank = torch.empty_like(order).scatter_(-1, order, index).float() / n
+    # Distances (in blocks) to the last commit and to the nearest committed position on each side
+    # (1 + the distance to the block's edge where there is none).
+    to_last = (index - last.float().argmax(-1, keepdim=True)).float() / n * last.any(-1, keepdim=True)
+    left = index - torch.where(~masked, index, -1).cummax(-1).values
+    right = torch.where(~masked, index, n).flip(-1).cummin(-1).values.flip(-1) - index
+    if prior is None:
+        trend = torch.zeros(*masked.shape, 3, device=masked.device)
+    else:
+        present = prior.present[..., None].expand_as(masked).float()
+        rise = (topk_logprobs[..., 0].float() - prior.logprobs.float()).clamp(-10.0, 10.0) / 10
+        same = (prior.ids == topk_ids[..., 0]).float()
+        trend = torch.stack([rise * present, same * present, present], dim=-1)
+    scalars = torch.cat(
+        [
+            torch.stack(
+                [confidence, confidence.log() / 10, is_top1, prediction.probs[..., 1], margin, masked.float(),
+                 hypothetical.float(), rank, last.float(), to_last, left.float() / n, right.float() / n],
+                dim=-1,
+            ),
+            trend,
+        ],
+        dim=-1,
     )  # [..., K, N_SCALARS]
     logprobs = topk_logprobs.float().clamp_min(LOGPROB_FLOOR) / 10  # [..., K, k]
     return torch.cat([logprobs, scalars], dim=-1), prediction.tokens[..., 0] % buckets
@@ -139,6 +202,9 @@ class OrderModel(nn.Module):
         self.encoder = nn.TransformerEncoder(layer, config.layers, enable_nested_tensor=False)
         self.norm = nn.LayerNorm(d)
         self.head = nn.Linear(d, 1)
+        # Training only: each position's confidence at the target's real step (a logit of it), a dense
+        # target beside the one label per example (spot.drafters.order_training).
+        self.confidence_head = nn.Linear(d, 1)
 
     def forward(self, feats: torch.Tensor, buckets: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
         """Logits of "committed next" per position.
@@ -148,6 +214,10 @@ class OrderModel(nn.Module):
         Returns:
             [B, K] float32, -inf where not a candidate.
         """
+        return self.heads(feats, buckets, candidates)[0]
+
+    def heads(self, feats: torch.Tensor, buckets: torch.Tensor, candidates: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(order logits [B, K] as forward, confidence logits [B, K])."""
         k = feats.shape[1]
         if k > self.config.max_block:
             raise ValueError(f"block length {k} exceeds the order model's max_block {self.config.max_block}")
@@ -155,7 +225,7 @@ class OrderModel(nn.Module):
         h = self.inputs(feats) + self.position(positions)[None] + self.token(buckets)  # [B, K, d]
         h = self.norm(self.encoder(h))
         logits = self.head(h)[..., 0]  # [B, K]
-        return logits.masked_fill(~candidates, float("-inf"))
+        return logits.masked_fill(~candidates, float("-inf")), self.confidence_head(h)[..., 0]
 
 
 def parameter_count(model: nn.Module) -> int:

@@ -1,7 +1,11 @@
 """Train SPOT's order model on recorded draft-free trajectories (pure: returns data, never prints).
 
 The loss is the cross-entropy of the order model's logits over a node's masked positions against
-the position the target committed next from that node (`order_examples`). An example is a
+the position the target committed next from that node (`order_examples`), plus an auxiliary loss
+[INF]: a second head predicts, for every masked position, its confidence under the logits the
+target really decided that step on (a binary cross-entropy against that probability). The label
+is the argmax of those confidences, so the auxiliary target says how close every other position
+came; K targets per example instead of one label. An example is a
 (block, root step s, depth d) triple; the triples are shuffled with the seed and turned into
 features one batch at a time, since the features of every example at once (about 4 KiB each)
 would not fit in memory for a real collection.
@@ -26,7 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from spot.drafters.order_examples import ExampleBatch, RecordedBlock, example_index, make_examples
-from spot.drafters.order_model import OrderModel, OrderModelConfig, parameter_count
+from spot.drafters.order_model import SCALARS, OrderModel, OrderModelConfig, parameter_count
 
 
 @dataclass(frozen=True)
@@ -40,6 +44,7 @@ class TrainConfig:
     warmup: int = 50
     weight_decay: float = 0.01
     grad_clip: float = 1.0
+    confidence_weight: float = 1.0  # weight of the auxiliary loss on each position's fresh confidence (0: off)
     max_depth: int = 1  # examples at depths 0 .. max_depth - 1; SpotDrafter's default model_depth=1 only asks depth 0
     heldout_fraction: float = 0.1  # of the requests
     max_seconds: float | None = None  # safety cap: stop early (TrainResult.stopped_early) after this long
@@ -54,6 +59,8 @@ class TrainConfig:
             raise ValueError(f"epochs must be > 0, got {self.epochs}")
         if self.batch_size < 1 or self.max_depth < 1:
             raise ValueError(f"batch_size ({self.batch_size}) and max_depth ({self.max_depth}) must be >= 1")
+        if self.confidence_weight < 0:
+            raise ValueError(f"confidence_weight must be >= 0, got {self.confidence_weight}")
         if not 0.0 < self.heldout_fraction < 1.0:
             raise ValueError(f"heldout_fraction must be in (0, 1), got {self.heldout_fraction}")
 
@@ -175,7 +182,7 @@ def evaluate(model: OrderModel, blocks: Sequence[RecordedBlock], max_depth: int,
         batch = build_batch([block], torch.tensor([(0, s, d) for s, d in pairs]), model.config.buckets)
         logits = model(batch.feats.to(device), batch.buckets.to(device), batch.candidates.to(device)).cpu()  # [B, K]
         loss_sum += F.cross_entropy(logits, batch.labels, reduction="sum").item()
-        confidence = batch.feats[..., topk]  # features(): the first scalar after the k log-probabilities
+        confidence = batch.feats[..., topk + SCALARS.index("confidence")]
         right = torch.stack(
             [logits.argmax(-1) == batch.labels, confidence.masked_fill(~batch.candidates, -1.0).argmax(-1) == batch.labels], -1
         ).long()  # [B, 2]
@@ -237,14 +244,19 @@ def train(
         lr = _lr(step, steps, config)
         for group in optimizer.param_groups:
             group["lr"] = lr
-        logits = model(batch.feats.to(config.device), batch.buckets.to(config.device), batch.candidates.to(config.device))
-        loss = F.cross_entropy(logits, batch.labels.to(config.device))
+        candidates = batch.candidates.to(config.device)
+        logits, confidence = model.heads(batch.feats.to(config.device), batch.buckets.to(config.device), candidates)
+        order_loss = F.cross_entropy(logits, batch.labels.to(config.device))
+        loss = order_loss
+        if config.confidence_weight > 0:
+            fresh = F.binary_cross_entropy_with_logits(confidence, batch.fresh.to(config.device), reduction="none")  # [B, K]
+            loss = order_loss + config.confidence_weight * fresh[candidates].mean()
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
         optimizer.step()
         step += 1
-        window.append(loss.item())
+        window.append(order_loss.item())
         if step % config.log_every == 0 or step == steps:
             curve.append((step, sum(window) / len(window)))
             window = []

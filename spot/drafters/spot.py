@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import torch
 
 from spot.drafters.base import DraftContext
-from spot.drafters.order_model import OrderModel, Prediction, features, predict, step_noise_at_topk
+from spot.drafters.order_model import OrderModel, Prediction, Prior, features, predict, step_noise_at_topk
 from spot.policy import topk_logprobs
 from spot.tree import DraftTree, Edge, Frontier, grow_best_first
 
@@ -65,13 +65,21 @@ class SpotDrafter:
     def draft(self, ctx: DraftContext) -> DraftTree:
         if ctx.stale_logits is None:  # a block's first step: no distribution of this block yet
             return DraftTree.root_only(ctx.state)
-        return self.grow(ctx, *topk_logprobs(ctx.stale_logits, self.model.config.topk, ctx.mask_id))
+        lp, ids = topk_logprobs(ctx.stale_logits, self.model.config.topk, ctx.mask_id)
+        prior = None
+        if ctx.prior_logits is not None:
+            prior_lp, prior_ids = topk_logprobs(ctx.prior_logits, 1, ctx.mask_id)
+            prior = Prior(prior_lp[:, 0], prior_ids[:, 0], torch.tensor(True))
+        return self.grow(ctx, lp, ids, prior)
 
     @torch.inference_mode()
-    def grow(self, ctx: DraftContext, lp: torch.Tensor, ids: torch.Tensor) -> DraftTree:
-        """The tree from the stale top-k (lp, ids: [K, k]); also used offline on recorded trajectories."""
+    def grow(self, ctx: DraftContext, lp: torch.Tensor, ids: torch.Tensor, prior: Prior | None) -> DraftTree:
+        """The tree from the stale top-k (lp, ids: [K, k]) and the prior's top-1 ([K] each, or None);
+        also used offline on recorded trajectories."""
         device = next(self.model.parameters()).device
         lp, ids = lp.to(device), ids.to(device)
+        if prior is not None:
+            prior = Prior(prior.logprobs.to(device), prior.ids.to(device), prior.present.to(device))
         temperature = ctx.config.sampling.temperature
         root_masked = (ctx.state == ctx.mask_id).to(device)  # [K]
         # node id -> [K] its masked positions; the root's parent (-1) is the state of the stale logits,
@@ -118,8 +126,9 @@ class SpotDrafter:
                 pred = [prediction(frontier.depths[i]) for i in fresh]
                 feats, buckets = features(
                     lp.expand(len(fresh), -1, -1), ids.expand(len(fresh), -1, -1),
-                    Prediction(torch.stack([p.tokens for p in pred]), torch.stack([p.probs for p in pred])),
-                    masked[fresh], root_masked & ~masked[fresh], last, self.model.config.buckets,
+                    Prediction(torch.stack([p.tokens for p in pred]), torch.stack([p.probs for p in pred]),
+                               torch.stack([p.margin for p in pred])),
+                    masked[fresh], root_masked & ~masked[fresh], last, prior, self.model.config.buckets,
                 )
                 logits = self.model(feats, buckets, masked[fresh])  # [F, K], -inf where committed
                 order_logits.update(zip((frontier.nodes[i] for i in fresh), logits, strict=True))
