@@ -125,7 +125,9 @@ def _add_collect(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--sources", nargs="+", default=["gsm8k", "math", "mbpp"], help="training pair sources")
     p.add_argument("--chat", action=argparse.BooleanOptionalAction, default=True, help="wrap prompts in the chat template")
     p.add_argument("--device", default="cpu")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--workers", type=int, default=1, help="decoding processes (each loads the target)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch CPU threads per process (default: torch's choice, or the cores shared out among --workers)")
     p.set_defaults(func=_run_collect)
 
 
@@ -159,6 +161,8 @@ def _run_collect(args: argparse.Namespace) -> None:
         sources=tuple(args.sources),
         device=args.device,
         progress=lambda line: print(line, file=sys.stderr, flush=True),
+        workers=args.workers,
+        threads=args.threads,
     )
     print(json.dumps(dataclasses.asdict(result)))
 
@@ -255,6 +259,8 @@ def _run_spiffy_calibrate(args: argparse.Namespace) -> None:
         chat=args.chat,
         device=args.device,
         progress=lambda line: print(line, file=sys.stderr, flush=True),
+        workers=args.workers,
+        threads=args.threads,
     )
     print(json.dumps(dataclasses.asdict(result)))
 

@@ -71,6 +71,24 @@ def test_rerun_skips_finished_shards_and_redoes_missing_ones(checkpoint, recorde
     assert all(torch.equal(a.states, b.states) for a, b in zip(first, read_blocks(out, "single"), strict=False))
 
 
+def test_worker_processes_write_the_shards_one_process_writes(checkpoint, tmp_path):
+    one_thread = torch.get_num_threads()
+    torch.set_num_threads(1)  # the workers' thread count, so the float arithmetic is the same
+    try:
+        alone = collect(checkpoint, tmp_path / "alone", prompts=6, **SETTINGS)
+    finally:
+        torch.set_num_threads(one_thread)
+    lines: list[str] = []
+    pooled = collect(checkpoint, tmp_path / "pool", prompts=6, **SETTINGS, workers=2, threads=1, progress=lines.append)
+    assert (pooled.decoded, pooled.shards_written) == (alone.decoded, alone.shards_written) == (6, 3)
+    assert len(lines) == 3 and all("2 requests" in line for line in lines)
+    assert read_manifest(tmp_path / "pool").shards == read_manifest(tmp_path / "alone").shards
+    for a, b in zip(read_blocks(tmp_path / "alone", "single"), read_blocks(tmp_path / "pool", "single"), strict=True):
+        assert (a.request, a.block, a.temperature) == (b.request, b.block, b.temperature)
+        assert torch.equal(a.states, b.states) and torch.equal(a.topk_ids, b.topk_ids)
+        assert torch.equal(a.topk_logprobs, b.topk_logprobs)
+
+
 def test_recorded_blocks_are_what_a_fresh_decode_gives(checkpoint, recorded):
     blocks = read_blocks(recorded[0], "single")
     requests = plan(4, SETTINGS["seed"], len(training_pairs()))
@@ -166,6 +184,7 @@ def test_cli_collect_then_train_drafter(checkpoint, tmp_path, capsys):
         (["--policy", "greedy"], "unknown unmasking policy 'greedy'"),
         (["--temperatures", "0,x"], "--temperatures takes comma-separated numbers"),
         (["--prompts", "0"], "must be >= 1"),
+        (["--no-chat", "--workers", "0"], "--workers (0) must be >= 1"),
         ([], "has no chat template; pass --no-chat"),
     ],
 )
