@@ -47,11 +47,12 @@ def step_key(seed: int, request: int, block: int, step: int) -> int:
     return key
 
 
-def gumbel_at(key: int, positions: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+def gumbel_at(key: int | torch.Tensor, positions: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     """The noise entries at given (position, token) pairs, equal to the matching entries of
     `gumbel(key, ...)`; drafters use it to score only a position's top-k tokens.
 
     Args:
+        key: a step_key, or an int64 tensor of them broadcastable with positions (several steps).
         positions, tokens: int64 tensors of one broadcastable shape S.
     Returns:
         float64 tensor of shape S.

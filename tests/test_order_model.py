@@ -7,7 +7,8 @@ import math
 import pytest
 import torch
 
-from spot.drafters.order_model import SCALARS, Prediction, Prior, features, predict
+from spot.drafters.order_model import SCALARS, Prediction, Prior, features, predict, step_noise_at_topk
+from spot.noise import gumbel, step_key
 
 K_TOP = 3
 
@@ -38,6 +39,17 @@ def test_the_noise_ranks_the_tokens_and_sets_the_margin():
     assert got.margin.item() == pytest.approx(math.log(0.3) + 1.0 - math.log(0.5))
     greedy = predict(lp, ids, 0.0, None)
     assert greedy.tokens.tolist() == [[7, 8]] and greedy.margin.item() == pytest.approx(math.log(0.5 / 0.3))
+
+
+def test_one_batched_draw_is_the_steps_drawn_one_by_one_and_the_verifiers_noise():
+    ids = torch.tensor([[5, 0, 9], [2, 3, 4]])  # [K=2, k=3]
+    batched = step_noise_at_topk(7, 1, 2, range(4, 8), ids)  # [D=4, K, k]
+    assert batched.shape == (4, 2, 3)
+    for d, step in enumerate(range(4, 8)):
+        one = step_noise_at_topk(7, 1, 2, step, ids)
+        assert torch.equal(batched[d], one)
+        assert torch.equal(one, gumbel(step_key(7, 1, 2, step), 2, 10).gather(1, ids))  # what the verifier draws
+    assert not torch.equal(batched[0], batched[1])
 
 
 def test_writing_front_and_prior_trend():

@@ -35,6 +35,7 @@ Shapes: B batch, K block length, k top-k, F features.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 import torch
@@ -122,11 +123,15 @@ def predict(
 
 
 def step_noise_at_topk(
-    seed: int, request: int, block: int, step: int, topk_ids: torch.Tensor
+    seed: int, request: int, block: int, step: int | Sequence[int], topk_ids: torch.Tensor
 ) -> torch.Tensor:
-    """The verifier's noise for one step, at the stale top-k ids only: [K, k] float64."""
+    """The verifier's noise for one step at the stale top-k ids only ([K, k] float64), or for
+    several steps in one batched draw ([D, K, k] for D steps; topk_ids: [K, k])."""
     positions = torch.arange(topk_ids.shape[-2], device=topk_ids.device)[:, None]  # [K, 1]
-    return gumbel_at(step_key(seed, request, block, step), positions, topk_ids)
+    if isinstance(step, int):
+        return gumbel_at(step_key(seed, request, block, step), positions, topk_ids)
+    keys = torch.tensor([step_key(seed, request, block, s) for s in step], device=topk_ids.device)
+    return gumbel_at(keys[:, None, None], positions, topk_ids)
 
 
 def features(
