@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from spot.drafters.order_model import SCALARS, Prediction, Prior, features, predict, step_noise_at_topk
+from spot.drafters.order_model import SCALARS, OrderModel, Prediction, Prior, features, predict, step_noise_at_topk
 from spot.noise import gumbel, step_key
 
 K_TOP = 3
@@ -68,3 +68,12 @@ def test_writing_front_and_prior_trend():
     assert column(feats, "prior_same").tolist() == [1, 0, 1, 0, 0, 0] and column(feats, "prior_present").tolist() == [1] * n
     absent = features(lp, ids, pred, masked, torch.zeros(n, dtype=torch.bool), last, None, buckets=16)[0]
     assert not absent[..., K_TOP + SCALARS.index("prior_rise"):].any()
+
+
+def test_the_plain_encoder_is_the_torch_layers_it_reads():
+    torch.manual_seed(0)
+    model = OrderModel()
+    h = torch.randn(3, 8, model.config.d_model)
+    assert torch.equal(model.encode(h), model.encoder(h))  # with autograd torch takes its plain path too
+    with torch.inference_mode():  # where torch's fused kernel runs instead
+        torch.testing.assert_close(model.encode(h), model.encoder(h), atol=1e-5, rtol=1e-5)
