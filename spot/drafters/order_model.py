@@ -233,7 +233,6 @@ class OrderModel(nn.Module):
         logits = self.head(h)[..., 0]  # [B, K]
         return logits.masked_fill(~candidates, float("-inf")), self.confidence_head(h)[..., 0]
 
-
     def encode(self, h: torch.Tensor) -> torch.Tensor:
         """The pre-norm encoder layers ([B, K, d] -> [B, K, d]) as plain ops on their parameters:
         nn.TransformerEncoder's own forward re-checks its fast-path conditions in Python on every
