@@ -259,8 +259,6 @@ def _run_spiffy_calibrate(args: argparse.Namespace) -> None:
         chat=args.chat,
         device=args.device,
         progress=lambda line: print(line, file=sys.stderr, flush=True),
-        workers=args.workers,
-        threads=args.threads,
     )
     print(json.dumps(dataclasses.asdict(result)))
 
