@@ -7,7 +7,15 @@ import math
 import pytest
 import torch
 
-from spot.drafters.order_model import SCALARS, OrderModel, Prediction, Prior, features, predict, step_noise_at_topk
+from spot.drafters.order_model import (
+    SCALARS,
+    OrderModel,
+    Prediction,
+    Prior,
+    features,
+    predict,
+    step_noise_at_topk,
+)
 from spot.noise import gumbel, step_key
 
 K_TOP = 3
