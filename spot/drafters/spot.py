@@ -85,16 +85,13 @@ class SpotDrafter:
         # node id -> [K] its masked positions; the root's parent (-1) is the state of the stale logits,
         # so each node's last commit is where its parent was masked and it is not
         masked_at = {-1: root_masked if ctx.stale_state is None else (ctx.stale_state == ctx.mask_id).to(device)}
-        predictions: dict[int, Prediction] = {}
+        predictions = _predictions(lp, ids, ctx, temperature)  # depth -> [K, 2] tokens and probabilities
         order_logits: dict[int, torch.Tensor] = {}  # node id -> [K] the order model's logits at that node
         scored_by: dict[int, int] = {}  # node id -> the node whose order logits score it (itself or an ancestor)
         tables: dict[tuple[int, int], list[tuple[float, int, int]]] = {}
 
         def prediction(depth: int) -> Prediction:  # [K, 2] tokens and probabilities under the step's noise
-            key = depth if temperature > 0 else 0  # at T = 0 the noise-free ranking is the same at every depth
-            if not predictions:
-                predictions.update(enumerate(_predictions(lp, ids, ctx, temperature)))
-            return predictions[key]
+            return predictions[depth if temperature > 0 else 0]  # at T = 0 the ranking is the same at every depth
 
         def table(source: int, depth: int) -> list[tuple[float, int, int]]:
             """The (score, position, token) edges of the source's order logits and the depth's tokens,
