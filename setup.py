@@ -10,7 +10,7 @@ from setuptools.command.build_py import build_py
 PTH_NAME = "spot_eval_lm_eval.pth"
 PTH_LINE = (
     "import sys; sys.argv and sys.argv[0].endswith(('lm_eval', 'lm-eval')) "
-    "and __import__('spot_eval.lm_eval_plugin').lm_eval_plugin.cli_startup()\n"
+    "and __import__('spot_eval.harness.registration').harness.registration.cli_startup()\n"
 )
 
 

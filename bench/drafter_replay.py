@@ -30,8 +30,8 @@ from spot.drafters.gamma import replay
 from spot.drafters.order_examples import RecordedBlock
 from spot.drafters.order_model import predict, step_noise_at_topk
 from spot.drafters.spot import SpotDrafter
-from spot_eval.drafter_checkpoint import load_checkpoint
-from spot_eval.fit_gamma import heldout_blocks
+from spot_eval.checkpoints.drafter import load_checkpoint
+from spot_eval.training.fit_gamma import heldout_blocks
 
 
 def order_oracle_top1(blocks: list[RecordedBlock], budget: int) -> float:

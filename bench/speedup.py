@@ -22,11 +22,11 @@ import pandas as pd
 import torch
 
 from spot import DecodeConfig, Sampling, generate
-from spot_eval.datasets import load
-from spot_eval.decode import encode_prompt, load_target
-from spot_eval.methods import build_drafter, parse_methods
-from spot_eval.paths import EMBEDDED_TARGET
-from spot_eval.results import summarize
+from spot_eval.checkpoints.shipped import EMBEDDED_TARGET
+from spot_eval.checkpoints.target import encode_prompt, load_target
+from spot_eval.data.datasets import load
+from spot_eval.harness.methods import build_drafter, parse_methods
+from spot_eval.reports.results import summarize
 
 PROMPT_FIELDS = {"gsm8k_test": "question", "math500_test": "problem", "humaneval_test": "prompt"}
 

@@ -8,18 +8,46 @@ import dataclasses
 import json
 import sys
 import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
 
-from spot_eval.paths import EMBEDDED_TARGET
+from spot_eval.checkpoints.shipped import EMBEDDED_TARGET
 
 
-def _add_decode(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("decode", help="decode one prompt with a method and print one JSON object")
+@dataclass(frozen=True)
+class Command:
+    """One subcommand: its flags, and the function that runs it with the parsed arguments."""
+
+    name: str
+    help: str
+    flags: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], None]
+
+
+def _target_flags(p: argparse.ArgumentParser) -> None:
+    """The flags that choose the target and where it runs (decode, collect, spiffy-calibrate)."""
     p.add_argument("--target", default=str(EMBEDDED_TARGET), help="model directory (default: the embedded target)")
+    p.add_argument("--block-length", type=int, default=None, help="default: the checkpoint's block_size")
+    p.add_argument("--device", default="cpu")
+
+
+def _threads_flag(p: argparse.ArgumentParser, text: str = "torch CPU threads (default: torch's choice)") -> None:
+    p.add_argument("--threads", type=int, default=None, help=text)
+
+
+def _set_threads(args: argparse.Namespace) -> None:
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+
+
+def _decode_flags(p: argparse.ArgumentParser) -> None:
+    _target_flags(p)
     p.add_argument("--method", default="draft_free", help="draft_free or a drafter: spot, spot_gamma, spiffy, random, adversarial, oracle")
     p.add_argument("--budget", type=int, default=0, help="draft nodes per verify forward (0 with draft_free)")
     p.add_argument("--unmasking", default="single", help="single | threshold")
     p.add_argument("--threshold", type=float, default=0.9)
-    p.add_argument("--block-length", type=int, default=None, help="default: the checkpoint's block_size")
     p.add_argument("--gen-length", type=int, default=256)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-k", type=int, default=0)
@@ -27,14 +55,12 @@ def _add_decode(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--prompt", required=True)
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the tokenizer's chat template")
-    p.add_argument("--device", default="cpu")
     p.add_argument("--json", action="store_true", help="print one JSON object (default: the text, then stats)")
     p.add_argument("--drafter", default=None, help="the method's checkpoint (.pt) or Spiffy graph (.json); default: the shipped one")
-    p.set_defaults(func=_run_decode)
 
 
-def _run_decode(args: argparse.Namespace) -> None:
-    from spot_eval.decode import decode_prompt
+def _decode(args: argparse.Namespace) -> None:
+    from spot_eval.harness.decode import decode_prompt
 
     result = decode_prompt(
         target=args.target,
@@ -64,16 +90,13 @@ def _run_decode(args: argparse.Namespace) -> None:
         )
 
 
-def _add_train_target(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "train-target", help="train the embedded target (BPE tokenizer, block-diffusion Qwen3) from scratch"
-    )
+def _train_target_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="output model directory")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--steps", type=int, default=None, help="optimizer steps (fix the weights with the seed)")
     p.add_argument("--minutes", type=float, default=59.0, help="safety cap: stop early (and say so) after it")
     p.add_argument("--device", default="cpu", help="cpu | cuda")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    _threads_flag(p)
     p.add_argument("--batch-tokens", type=int, default=None, help="sequence positions per batch")
     p.add_argument("--lr", type=float, default=None)
     p.add_argument("--warmup", type=int, default=None, help="linear warm-up steps")
@@ -81,14 +104,13 @@ def _add_train_target(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--vocab-size", type=int, default=None)
     p.add_argument("--sources", nargs="+", default=["gsm8k", "math", "mbpp"], help="training pair sources")
     p.add_argument("--fp32", action="store_true", help="no bfloat16 autocast")
-    p.set_defaults(func=_run_train_target)
 
 
-def _run_train_target(args: argparse.Namespace) -> None:
+def _train_target(args: argparse.Namespace) -> None:
     from dataclasses import replace
 
-    from spot_eval.corpus import training_pairs
-    from spot_eval.train_target import TrainConfig, train
+    from spot_eval.training.corpus import training_pairs
+    from spot_eval.training.train_target import TrainConfig, train
 
     config = TrainConfig(
         seed=args.seed, minutes=args.minutes, device=args.device, threads=args.threads, bf16=not args.fp32
@@ -109,13 +131,11 @@ def _run_train_target(args: argparse.Namespace) -> None:
     print(json.dumps({"out": args.out, **summary, "final_train_loss": log["curve"][-1]["loss"]}))
 
 
-def _add_collect(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("collect", help="record draft-free trajectories of a target on training prompts (drafter data)")
-    p.add_argument("--target", default=str(EMBEDDED_TARGET), help="model directory (default: the embedded target)")
+def _collect_flags(p: argparse.ArgumentParser) -> None:
+    _target_flags(p)
     p.add_argument("--out", required=True, help="trajectory directory (resumable: finished shards are skipped)")
     p.add_argument("--policy", default="single", help="single | threshold")
     p.add_argument("--threshold", type=float, default=0.9, help="confidence threshold of policy threshold")
-    p.add_argument("--block-length", type=int, default=None, help="default: the checkpoint's block_size")
     p.add_argument("--gen-length", type=int, default=256)
     p.add_argument("--prompts", type=int, required=True, help="training prompts to decode (a seeded sample)")
     p.add_argument("--temperatures", default="0,1", help="comma-separated; they cycle over the prompts")
@@ -124,11 +144,8 @@ def _add_collect(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--topk", type=int, default=32, help="stale log-probabilities recorded per position")
     p.add_argument("--sources", nargs="+", default=["gsm8k", "math", "mbpp"], help="training pair sources")
     p.add_argument("--chat", action=argparse.BooleanOptionalAction, default=True, help="wrap prompts in the chat template")
-    p.add_argument("--device", default="cpu")
     p.add_argument("--workers", type=int, default=1, help="decoding processes (each loads the target)")
-    p.add_argument("--threads", type=int, default=None,
-                   help="torch CPU threads per process (default: torch's choice, or the cores shared out among --workers)")
-    p.set_defaults(func=_run_collect)
+    _threads_flag(p, "torch CPU threads per process (default: torch's choice, or the cores shared out among --workers)")
 
 
 def _parse_floats(text: str, flag: str) -> tuple[float, ...]:
@@ -138,13 +155,10 @@ def _parse_floats(text: str, flag: str) -> tuple[float, ...]:
         raise ValueError(f"{flag} takes comma-separated numbers like 0,1; got {text!r}") from None
 
 
-def _run_collect(args: argparse.Namespace) -> None:
-    import torch
+def _collect(args: argparse.Namespace) -> None:
+    from spot_eval.training.collect import collect
 
-    from spot_eval.collect import collect
-
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    _set_threads(args)
     result = collect(
         target=args.target,
         out=args.out,
@@ -167,8 +181,7 @@ def _run_collect(args: argparse.Namespace) -> None:
     print(json.dumps(dataclasses.asdict(result)))
 
 
-def _add_train_drafter(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("train-drafter", help="train SPOT's order model on collected trajectories and save the drafter")
+def _train_drafter_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trajectories", nargs="+", required=True, help="trajectory directories (one target and block length)")
     p.add_argument("--out", required=True, help="the drafter checkpoint (.pt) to write")
     p.add_argument("--policy", default="single", help="the policy the trajectories were recorded with")
@@ -185,18 +198,14 @@ def _add_train_drafter(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--heldout", type=float, default=0.1, help="fraction of the requests held out")
     p.add_argument("--minutes", type=float, default=None, help="safety cap: stop early (and say so) after this long")
     p.add_argument("--device", default="cpu")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
-    p.set_defaults(func=_run_train_drafter)
+    _threads_flag(p)
 
 
-def _run_train_drafter(args: argparse.Namespace) -> None:
-    import torch
-
+def _train_drafter(args: argparse.Namespace) -> None:
     from spot.drafters.order_training import Progress, TrainConfig
-    from spot_eval.train_drafter import train_drafter
+    from spot_eval.training.train_drafter import train_drafter
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    _set_threads(args)
     config = TrainConfig(
         seed=args.seed,
         steps=args.steps,
@@ -218,11 +227,9 @@ def _run_train_drafter(args: argparse.Namespace) -> None:
     print(json.dumps({"out": args.out, **{k: v for k, v in metrics.items() if k != "config"}}))
 
 
-def _add_spiffy_calibrate(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("spiffy-calibrate", help="calibrate Spiffy's draft graph for a target on training prompts")
-    p.add_argument("--target", default=str(EMBEDDED_TARGET), help="model directory (default: the embedded target)")
+def _spiffy_calibrate_flags(p: argparse.ArgumentParser) -> None:
+    _target_flags(p)
     p.add_argument("--out", required=True, help="the graph JSON to write")
-    p.add_argument("--block-length", type=int, default=None, help="default: the checkpoint's block_size")
     p.add_argument("--prompts", type=int, default=50, help="calibration prompts: half MATH train, half MBPP train")
     p.add_argument("--max-nodes", type=int, default=10, help="graph nodes beyond the root (Spiffy's D)")
     p.add_argument("--max-depth", type=int, default=6, help="deepest future counted (steps ahead)")
@@ -232,18 +239,13 @@ def _add_spiffy_calibrate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--threshold", type=float, default=0.9)
     p.add_argument("--seed", type=int, default=0, help="fixes the prompt sample")
     p.add_argument("--chat", action=argparse.BooleanOptionalAction, default=True, help="wrap prompts in the chat template")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
-    p.set_defaults(func=_run_spiffy_calibrate)
+    _threads_flag(p)
 
 
-def _run_spiffy_calibrate(args: argparse.Namespace) -> None:
-    import torch
+def _spiffy_calibrate(args: argparse.Namespace) -> None:
+    from spot_eval.training.spiffy_calibrate import calibrate
 
-    from spot_eval.spiffy_calibrate import calibrate
-
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    _set_threads(args)
     result = calibrate(
         target=args.target,
         out=args.out,
@@ -263,16 +265,14 @@ def _run_spiffy_calibrate(args: argparse.Namespace) -> None:
     print(json.dumps(dataclasses.asdict(result)))
 
 
-def _add_sync(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("sync", help="replay the runs spooled during an MLflow outage into the tracking store")
+def _sync_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--spool", default=None, help="spool directory (default: spot-eval-spool)")
     p.add_argument("--tracking-uri", default=None, help="default: the store each run was meant for")
-    p.set_defaults(func=_run_sync)
 
 
-def _run_sync(args: argparse.Namespace) -> None:
-    from spot_eval.sync import sync
-    from spot_eval.tracking import TrackingUnavailable
+def _sync(args: argparse.Namespace) -> None:
+    from spot_eval.tracking.store import TrackingUnavailable
+    from spot_eval.tracking.sync import sync
 
     try:
         for line in sync(args.spool, args.tracking_uri):
@@ -282,18 +282,16 @@ def _run_sync(args: argparse.Namespace) -> None:
         raise SystemExit(2) from None
 
 
-def _add_fit_gamma(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("fit-gamma", help="fit SPOT-gamma's per-depth exponents on held-out trajectories")
+def _fit_gamma_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--drafter", required=True, help="the SPOT checkpoint (.pt) to fit for")
     p.add_argument("--trajectories", nargs="+", required=True, help="the trajectory dirs the drafter was trained on")
     p.add_argument("--budget", type=int, default=20, help="the draft budget to fit for")
     p.add_argument("--max-blocks", type=int, default=200, help="held-out blocks replayed per grid point")
     p.add_argument("--out", default=None, help="where to save (default: update --drafter in place)")
-    p.set_defaults(func=_run_fit_gamma)
 
 
-def _run_fit_gamma(args: argparse.Namespace) -> None:
-    from spot_eval.fit_gamma import fit_gamma_command
+def _fit_gamma(args: argparse.Namespace) -> None:
+    from spot_eval.training.fit_gamma import fit_gamma_command
 
     if args.budget < 1:
         raise ValueError(f"--budget must be >= 1, got {args.budget}")
@@ -301,19 +299,17 @@ def _run_fit_gamma(args: argparse.Namespace) -> None:
     print(json.dumps({k: v for k, v in report.items() if k != "grid"}))
 
 
-def _add_nightly(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("nightly", help="run a suite through lm-eval, compare with a baseline, write a report, gate")
-    p.add_argument("--suite", default=None, help="suite TOML (default: spot_eval/suites/nightly.toml)")
+def _nightly_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--suite", default=None, help="suite TOML (default: spot_eval/reports/suites/nightly.toml)")
     p.add_argument("--out", default="results/nightly", help="reports go to OUT/<date>/")
     p.add_argument("--date", default=None, help="report name (default: today, YYYY-MM-DD); a rerun resumes its runs")
     p.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default: sqlite:///mlflow.db here)")
     p.add_argument("--baseline", default=None, help="a pinned results bundle (nightly.json) instead of the previous nightly")
     p.add_argument("--dry-run", action="store_true", help="report, but exit 0 even on a regression")
-    p.set_defaults(func=_run_nightly)
 
 
-def _run_nightly(args: argparse.Namespace) -> None:
-    from spot_eval.nightly import NightlyError, load_suite, nightly
+def _nightly(args: argparse.Namespace) -> None:
+    from spot_eval.reports.nightly import NightlyError, load_suite, nightly
 
     log = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
     try:
@@ -326,20 +322,18 @@ def _run_nightly(args: argparse.Namespace) -> None:
     raise SystemExit(result.exit_code)
 
 
-def _add_compare(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("compare", help="SPOT vs Spiffy tables (throughput and forward ratios) from MLflow or results files")
+def _compare_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--results", nargs="+", default=None, help="results bundles (nightly.json) or run directories")
     p.add_argument("--experiment", default=None, help="read the lm_eval runs of this MLflow experiment")
     p.add_argument("--runs", nargs="+", default=None, help="only these MLflow run ids")
     p.add_argument("--tracking-uri", default=None, help="default: sqlite:///mlflow.db here")
     p.add_argument("--out", default="results/compare", help="output directory")
-    p.set_defaults(func=_run_compare)
 
 
-def _run_compare(args: argparse.Namespace) -> None:
-    from spot_eval.compare import write_comparison
-    from spot_eval.history import HistoryError, evaluation_bundle
-    from spot_eval.results import combine, read_any
+def _compare(args: argparse.Namespace) -> None:
+    from spot_eval.reports.compare import write_comparison
+    from spot_eval.reports.history import HistoryError, evaluation_bundle
+    from spot_eval.reports.results import combine, read_any
 
     if not args.results and not args.experiment:
         raise ValueError("compare needs --experiment NAME (MLflow) or --results FILE... (bundles or run directories)")
@@ -358,18 +352,26 @@ def _run_compare(args: argparse.Namespace) -> None:
         print(path)
 
 
+COMMANDS = (
+    Command("decode", "decode one prompt with a method and print one JSON object", _decode_flags, _decode),
+    Command("train-target", "train the embedded target (BPE tokenizer, block-diffusion Qwen3) from scratch", _train_target_flags, _train_target),
+    Command("collect", "record draft-free trajectories of a target on training prompts (drafter data)", _collect_flags, _collect),
+    Command("train-drafter", "train SPOT's order model on collected trajectories and save the drafter", _train_drafter_flags, _train_drafter),
+    Command("spiffy-calibrate", "calibrate Spiffy's draft graph for a target on training prompts", _spiffy_calibrate_flags, _spiffy_calibrate),
+    Command("sync", "replay the runs spooled during an MLflow outage into the tracking store", _sync_flags, _sync),
+    Command("fit-gamma", "fit SPOT-gamma's per-depth exponents on held-out trajectories", _fit_gamma_flags, _fit_gamma),
+    Command("nightly", "run a suite through lm-eval, compare with a baseline, write a report, gate", _nightly_flags, _nightly),
+    Command("compare", "SPOT vs Spiffy tables (throughput and forward ratios) from MLflow or results files", _compare_flags, _compare),
+)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="spot-eval", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    _add_decode(sub)
-    _add_train_target(sub)
-    _add_collect(sub)
-    _add_train_drafter(sub)
-    _add_spiffy_calibrate(sub)
-    _add_sync(sub)
-    _add_fit_gamma(sub)
-    _add_nightly(sub)
-    _add_compare(sub)
+    for command in COMMANDS:
+        p = sub.add_parser(command.name, help=command.help)
+        command.flags(p)
+        p.set_defaults(run=command.run)
     return parser
 
 
@@ -377,7 +379,7 @@ def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     warnings.formatwarning = lambda msg, cat, *a, **k: f"warning: {msg}\n"
     try:
-        args.func(args)
+        args.run(args)
     except (ValueError, FileNotFoundError, KeyError) as err:
         message = err.args[0] if isinstance(err, KeyError) and err.args else err
         print(f"error: {message}", file=sys.stderr)

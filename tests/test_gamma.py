@@ -12,9 +12,10 @@ from conftest import VOCAB, tiny_target
 from spot import DecodeConfig, Sampling, generate
 from spot.drafters.base import DraftContext
 from spot.drafters.gamma import fit_gamma, replay
-from spot.drafters.order_examples import RecordedBlock, make_examples
+from spot.drafters.order_examples import ExampleBatch, RecordedBlock, example_index, make_examples
 from spot.drafters.order_model import OrderModel
 from spot.drafters.spot import SpotDrafter, _renormalised
+from spot.targets import SDARTarget
 
 
 def recorded(target, prompts, config):
@@ -25,6 +26,16 @@ def recorded(target, prompts, config):
             blocks.append(RecordedBlock(t.states, t.topk_logprobs, t.topk_ids, target.mask_id, config.seed,
                                         request, t.block, config.sampling.temperature))
     return blocks
+
+
+def spied_drafter() -> tuple[SDARTarget, SpotDrafter, list]:
+    """A tiny target and the drafter of a seeded order model whose every call's (feats, buckets) lands in `seen`."""
+    target = tiny_target(16, seed=4, eos_ids=frozenset())
+    torch.manual_seed(0)
+    model = OrderModel()
+    seen: list = []
+    model.register_forward_hook(lambda module, args, out: seen.append(args[:2]))
+    return target, SpotDrafter(model, gate=0.9), seen
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
@@ -76,12 +87,8 @@ def test_model_depth_one_calls_the_order_model_once_per_tree(model_depth, calls)
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_the_drafter_scores_the_root_from_the_features_it_was_trained_on(temperature):
     """Training examples (order_examples) and the drafter at decode time build identical inputs."""
-    target = tiny_target(16, seed=4, eos_ids=frozenset())
-    torch.manual_seed(0)
-    model = OrderModel()
-    seen = []
-    model.register_forward_hook(lambda module, args, out: seen.append(args[:2]))
-    drafter = SpotDrafter(model, gate=0.9)
+    target, drafter, seen = spied_drafter()
+    model = drafter.model
     config = DecodeConfig(block_length=16, gen_length=32, sampling=Sampling(temperature), seed=3)
     block = recorded(target, [list(range(1, 12))], config)[0]
     assert block.states.shape[0] > 3  # a few steps to compare
@@ -99,12 +106,8 @@ def test_the_drafter_in_the_engine_reads_the_inputs_its_training_examples_hold(t
     """At decode time the stale and prior logits come from verify forwards (the prior from the same
     forward when a tree was accepted, else from the one before); the order model must still see what
     make_examples builds from the draft-free trajectory at that root step."""
-    target = tiny_target(16, seed=4, eos_ids=frozenset())
-    torch.manual_seed(0)
-    model = OrderModel()
-    seen = []
-    model.register_forward_hook(lambda module, args, out: seen.append(args[:2]))
-    drafter = SpotDrafter(model, gate=0.9)
+    target, drafter, seen = spied_drafter()
+    model = drafter.model
     roots = []
     draft = drafter.draft
 
@@ -125,6 +128,22 @@ def test_the_drafter_in_the_engine_reads_the_inputs_its_training_examples_hold(t
         assert with_prior == (s >= 2)
         trained = make_examples(blocks[block], [(s, 0)], model.config.buckets)
         assert torch.allclose(feats, trained.feats, atol=1e-5) and torch.equal(buckets, trained.buckets)
+
+
+def test_examples_built_in_one_batch_equal_the_examples_built_one_at_a_time():
+    """make_examples draws every example's step noise in one call and reads every prior at once (T = 1, where
+    the noise decides the inputs); each row equals the example built alone, bit for bit. The one-example path
+    is the one the drafter's decode-time features are checked against above."""
+    target = tiny_target(16, seed=4, eos_ids=frozenset())
+    config = DecodeConfig(block_length=16, gen_length=48, sampling=Sampling(1.0), seed=3)
+    for block in recorded(target, [list(range(1, 12))], config):
+        pairs = example_index(block, 3)
+        batch = make_examples(block, pairs, 128)
+        assert len(pairs) > 3 and any(s < 2 for s, _ in pairs)  # priors absent and present
+        for i, pair in enumerate(pairs):
+            alone = make_examples(block, [pair], 128)
+            for field in ExampleBatch.__dataclass_fields__:
+                assert torch.equal(getattr(alone, field)[0], getattr(batch, field)[i]), (pair, field)
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])

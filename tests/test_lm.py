@@ -15,10 +15,10 @@ from lm_eval.api.instance import Instance
 from mlflow import MlflowClient
 
 from spot import DecodeConfig, generate
-from spot_eval.lm import SpotArgs, SpotLM
-from spot_eval.lossless import diverge, first_difference
-from spot_eval.methods import parse_methods
-from spot_eval.results import read_run
+from spot_eval.harness.lm import SpotArgs, SpotLM
+from spot_eval.harness.lossless import diverge, first_difference
+from spot_eval.harness.methods import parse_methods
+from spot_eval.reports.results import read_run
 
 REPO = Path(__file__).resolve().parents[1]
 OFFLINE = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
@@ -187,9 +187,9 @@ def test_first_difference_and_the_margin_at_a_divergence(checkpoint):
 
 
 def test_a_divergence_is_logged_then_ends_the_run_naming_the_request(tmp_path):
-    from spot_eval.lossless import Divergence, MethodRecord
-    from spot_eval.session import RequestRecord, Session
-    from spot_eval.tracking import NullTracker
+    from spot_eval.harness.lossless import Divergence, MethodRecord
+    from spot_eval.harness.session import RequestRecord, Session
+    from spot_eval.tracking.writer import NullTracker
 
     def record(label: str, tokens: tuple[int, ...], divergence=None) -> MethodRecord:
         return MethodRecord(label, 0 if label == "draft_free" else 4, tokens, 5, 5, 1.0, 0.9, 0.0, (1,) * 5, divergence)

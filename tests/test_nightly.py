@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 
-from spot_eval.drafter_checkpoint import load_checkpoint, save_checkpoint
-from spot_eval.nightly import NightlyError, find_baseline, load_suite
+from spot_eval.checkpoints.drafter import load_checkpoint, save_checkpoint
+from spot_eval.reports.nightly import NightlyError, find_baseline, load_suite
 
 REPO = Path(__file__).resolve().parents[1]
 SPOT_EVAL = str(Path(sys.executable).parent / "spot-eval")
@@ -117,7 +117,7 @@ def test_the_baseline_is_the_last_passing_nightly_of_the_same_suite(tmp_path):
     experiment = client.create_experiment("shared", artifact_location=str(tmp_path / "artifacts"))
     ids = {}
     for suite, regressed in (("t0", "false"), ("t1", "false"), ("t0", "true")):  # the newest t0 nightly regressed
-        run = client.create_run(experiment, tags={"spot_eval.kind": "nightly", "spot_eval.suite": suite, "spot_eval.regression": regressed})
+        run = client.create_run(experiment, tags={"spot_eval.kind": "nightly", "spot_eval.suite": suite, "spot_eval.reports.regression": regressed})
         client.log_artifact(run.info.run_id, str(REPO / "results" / "comparison" / suite / "nightly.json"), "nightly")
         client.set_terminated(run.info.run_id, "FINISHED")
         ids.setdefault(suite, run.info.run_id)

@@ -22,13 +22,8 @@ from spot.drafters.order_training import (
     split_by_request,
     train,
 )
-from spot_eval.drafter_checkpoint import (
-    FORMAT,
-    check_fingerprint,
-    load_checkpoint,
-    save_checkpoint,
-    state_sha256,
-)
+from spot_eval.checkpoints.drafter import FORMAT, load_checkpoint, save_checkpoint, state_sha256
+from spot_eval.checkpoints.fingerprint import check_fingerprint
 
 MASK, K, TOPK = 99, 8, 4
 SMALL = OrderModelConfig(topk=TOPK, d_model=32, heads=4, layers=1, ff=64, buckets=16, max_block=16)

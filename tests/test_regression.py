@@ -7,9 +7,9 @@ import json
 import pandas as pd
 import pytest
 
-from spot_eval.compare import compare, write_comparison
-from spot_eval.regression import Tolerances, find_regressions, mcnemar_p, method_table
-from spot_eval.results import Bundle, ResultsError, check_settings, combine, read_bundle
+from spot_eval.reports.compare import compare, write_comparison
+from spot_eval.reports.regression import Tolerances, find_regressions, mcnemar_p, method_table
+from spot_eval.reports.results import Bundle, ResultsError, check_settings, combine, read_bundle
 
 SETTINGS = {"target": "tiny", "block_length": 32, "gen_length": 256}
 

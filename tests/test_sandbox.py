@@ -1,4 +1,4 @@
-"""spot_eval.sandbox: what a confined program can and cannot do, and how each way of ending is reported."""
+"""spot_eval.execution.sandbox: what a confined program can and cannot do, and how each way of ending is reported."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from spot_eval import sandbox
-from spot_eval.sandbox import Limits, Outcome, SandboxError, run, run_many
+from spot_eval.execution import sandbox
+from spot_eval.execution.sandbox import Limits, Outcome, SandboxError, run, run_many
 
 FAST = Limits(timeout_s=5.0)
 

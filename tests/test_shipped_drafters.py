@@ -7,10 +7,10 @@ from dataclasses import replace
 import pytest
 
 from spot import DecodeConfig, Sampling, generate
-from spot_eval.datasets import load
-from spot_eval.decode import encode_prompt, load_target
-from spot_eval.methods import MethodSpec, build_drafter
-from spot_eval.paths import EMBEDDED_TARGET
+from spot_eval.checkpoints.shipped import EMBEDDED_TARGET
+from spot_eval.checkpoints.target import encode_prompt, load_target
+from spot_eval.data.datasets import load
+from spot_eval.harness.methods import MethodSpec, build_drafter
 
 
 @pytest.fixture(scope="module")

@@ -24,9 +24,10 @@ from spot.drafters.spiffy import (
     prune,
     scores,
 )
+from spot_eval.checkpoints.spiffy_graph import graph_for_target
+from spot_eval.checkpoints.target import load_target
 from spot_eval.cli import main
-from spot_eval.decode import load_target
-from spot_eval.spiffy_calibrate import build_graph, count_futures, graph_for_target, replay, select
+from spot_eval.training.spiffy_calibrate import build_graph, count_futures, replay, select
 
 M = MASK_ID
 

@@ -25,7 +25,7 @@ from lm_eval.tasks import TaskManager
 from lm_eval.tasks._yaml_loader import load_yaml
 from lm_eval.tasks.minerva_math import utils as minerva
 
-from spot_eval import datasets as vendored
+from spot_eval.data import datasets as vendored
 
 REPO = Path(__file__).resolve().parents[1]
 TASKS = REPO / "tasks"

@@ -21,7 +21,8 @@ from conftest import write_checkpoint
 from mlflow import MlflowClient
 
 from spot_eval.cli import main
-from spot_eval.tracking import NullTracker, Spool, Tracker, TrackingConfig, open_tracker, resume, safe_name
+from spot_eval.tracking.spool import Spool
+from spot_eval.tracking.writer import NullTracker, Tracker, TrackingConfig, open_tracker, resume, safe_name
 
 ROOT = Path(__file__).resolve().parents[1]
 ACCURACY = "gsm8k/exact_match_strict-match"  # safe_name("gsm8k/exact_match,strict-match")

@@ -18,10 +18,10 @@ from transformers import AutoTokenizer
 
 from spot import DecodeConfig, generate
 from spot.targets import SDARTarget, read_checkpoint
-from spot_eval.datasets import load
-from spot_eval.decode import encode_prompt
-from spot_eval.paths import EMBEDDED_TARGET
-from spot_eval.train_target import (
+from spot_eval.checkpoints.shipped import EMBEDDED_TARGET
+from spot_eval.checkpoints.target import encode_prompt
+from spot_eval.data.datasets import load
+from spot_eval.training.train_target import (
     SPECIAL_TOKENS,
     Example,
     ModelSize,

@@ -14,12 +14,13 @@ from conftest import write_checkpoint
 from spot import DecodeConfig, Sampling, generate
 from spot.drafters.order_examples import example_index, make_examples
 from spot.drafters.order_model import predict, step_noise_at_topk
+from spot_eval.checkpoints.drafter import load_checkpoint
+from spot_eval.checkpoints.fingerprint import check_fingerprint, target_fingerprint
+from spot_eval.checkpoints.target import encode_prompt, load_target
 from spot_eval.cli import main
-from spot_eval.collect import collect, plan
-from spot_eval.corpus import training_pairs
-from spot_eval.decode import encode_prompt, load_target
-from spot_eval.drafter_checkpoint import check_fingerprint, load_checkpoint, target_fingerprint
-from spot_eval.trajectories import read_blocks, read_manifest
+from spot_eval.training.collect import collect, plan
+from spot_eval.training.corpus import training_pairs
+from spot_eval.training.trajectories import read_blocks, read_manifest
 
 GEN = 32
 SETTINGS = {"policy": "single", "block_length": None, "gen_length": GEN, "temperatures": (0.0, 1.0), "seed": 3,

@@ -35,11 +35,13 @@ class RecordedBlock:
     block: int
     temperature: float
 
-    def prior(self, s: int) -> Prior | None:
-        """What the order model reads as the prior at root step s: the top-1 behind step s - 2."""
-        if s < 2:
-            return None
-        return Prior(self.topk_logprobs[s - 2, :, 0].float(), self.topk_ids[s - 2, :, 0].long(), torch.tensor(True))
+    def prior(self, s: int | torch.Tensor) -> Prior:
+        """What the order model reads as the prior at root step s (an int, or a tensor [B] of them):
+        the top-1 behind step s - 2, absent at s < 2 (a block's second step has no forward before
+        the stale one; an absent prior gives the same inputs as none at all)."""
+        s = torch.as_tensor(s)
+        before = (s - 2).clamp_min(0)
+        return Prior(self.topk_logprobs[before, :, 0].float(), self.topk_ids[before, :, 0].long(), s >= 2)  # [..., K]
 
     def committed_positions(self) -> torch.Tensor:
         """[S] the one position each step committed (the `single` policy)."""
@@ -76,16 +78,16 @@ def make_examples(block: RecordedBlock, pairs: list[tuple[int, int]], buckets: i
     stale_lp, stale_ids = block.topk_logprobs[s - 1].float(), block.topk_ids[s - 1].long()  # [B, K, k]
     fresh_lp, fresh_ids = block.topk_logprobs[s + d].float(), block.topk_ids[s + d].long()  # [B, K, k]
     noise = fresh_noise = None
-    if block.temperature > 0:
-        def noise_at(ids: torch.Tensor) -> torch.Tensor:  # [B, K, k] the noise of each example's node step
-            return torch.stack([step_noise_at_topk(block.seed, block.request, block.block, int(t), i) for t, i in zip(s + d, ids, strict=True)])
-        noise, fresh_noise = noise_at(stale_ids), noise_at(fresh_ids)
+    if block.temperature > 0:  # [B, K, k] each: the noise of each example's node step, in one draw
+        steps = (s + d).tolist()
+        noise = step_noise_at_topk(block.seed, block.request, block.block, steps, stale_ids)
+        fresh_noise = step_noise_at_topk(block.seed, block.request, block.block, steps, fresh_ids)
     prediction = predict(stale_lp, stale_ids, block.temperature, noise)
     fresh = predict(fresh_lp, fresh_ids, block.temperature, fresh_noise).probs[..., 0]  # [B, K]
     root_masked = block.states[s] == block.mask_id  # [B, K]
     node_masked = block.states[s + d] == block.mask_id  # [B, K]
     last = torch.nn.functional.one_hot(labels_all[s + d - 1], block.states.shape[1]).bool()  # [B, K]
-    before = (s - 2).clamp_min(0)  # the forward before the stale one; s = 1 has none
-    prior = Prior(block.topk_logprobs[before, :, 0].float(), block.topk_ids[before, :, 0].long(), s >= 2)  # [B, K]
-    feats, token_buckets = features(stale_lp, stale_ids, prediction, node_masked, root_masked & ~node_masked, last, prior, buckets)
+    feats, token_buckets = features(
+        stale_lp, stale_ids, prediction, node_masked, root_masked & ~node_masked, last, block.prior(s), buckets
+    )
     return ExampleBatch(feats, token_buckets, node_masked, labels_all[s + d], d, fresh)

@@ -127,7 +127,8 @@ def step_noise_at_topk(
     seed: int, request: int, block: int, step: int | Sequence[int], topk_ids: torch.Tensor
 ) -> torch.Tensor:
     """The verifier's noise for one step at the stale top-k ids only ([K, k] float64), or for
-    several steps in one batched draw ([D, K, k] for D steps; topk_ids: [K, k])."""
+    several steps in one batched draw ([D, K, k] for D steps; topk_ids: [K, k] shared by every
+    step, or [D, K, k] one set per step)."""
     positions = torch.arange(topk_ids.shape[-2], device=topk_ids.device)[:, None]  # [K, 1]
     if isinstance(step, int):
         return gumbel_at(step_key(seed, request, block, step), positions, topk_ids)
@@ -211,6 +212,11 @@ class OrderModel(nn.Module):
         # Training only: each position's confidence at the target's real step (a logit of it), a dense
         # target beside the one label per example (spot.drafters.order_training).
         self.confidence_head = nn.Linear(d, 1)
+        for embedding in (self.position, self.token):
+            # nn.Embedding draws N(0, 1), about ten times the projected features in the residual
+            # stream: that buries the inputs and slowed learning several-fold in our runs. (Drawn
+            # after every layer, so a seeded model is the same as when training re-drew them.)
+            nn.init.normal_(embedding.weight, std=0.02)
 
     def forward(self, feats: torch.Tensor, buckets: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
         """Logits of "committed next" per position.

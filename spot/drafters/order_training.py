@@ -27,7 +27,6 @@ from dataclasses import dataclass, field, fields
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from spot.drafters.order_examples import ExampleBatch, RecordedBlock, example_index, make_examples
 from spot.drafters.order_model import SCALARS, OrderModel, OrderModelConfig, parameter_count
@@ -221,10 +220,6 @@ def train(
     with torch.random.fork_rng(devices=[]):  # seeded init without touching the caller's RNG
         torch.manual_seed(config.seed)
         model = OrderModel(config.model)
-        for embedding in (model.position, model.token):
-            # nn.Embedding draws N(0, 1), about ten times the projected features in the residual
-            # stream: that buries the inputs and slowed learning several-fold in our runs.
-            nn.init.normal_(embedding.weight, std=0.02)
     model.to(config.device).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     generator = torch.Generator().manual_seed(config.seed + 1)

@@ -1,0 +1,130 @@
+"""SPOT's order-model drafter on disk.
+
+A checkpoint is one `torch.save`d dict, read back with `torch.load(path, weights_only=True)`:
+
+    {"format": "spot-order-model/3", "state_dict": {...}, "state_sha256": "...",
+     "config": OrderModelConfig.to_dict(), "fingerprint": target_fingerprint(...),
+     "metrics": {...held-out accuracies...}, "gamma": None}
+
+`state_sha256` is there because torch's zip reader does not check the data it reads: a flipped byte
+inside a weight tensor loads silently and only makes the drafter worse. Every way a file can be
+damaged is therefore a `ValueError` naming the file, never a quietly slower decode. The
+fingerprint (spot_eval/checkpoints/fingerprint.py) says which target the drafter was trained for.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from spot.drafters.order_model import OrderModel, OrderModelConfig
+from spot_eval.checkpoints.fingerprint import IDENTITY
+
+FORMAT = "spot-order-model/3"
+# Formats this version reads no more, with why: the order model's inputs changed.
+RETIRED = {
+    "spot-order-model/1": "its order model reads no last-commit input (format 1, before 2026-12)",
+    "spot-order-model/2": "its order model reads no margin, writing-front or prior-forward inputs (format 2, 2026-12-01)",
+}
+KEYS = ("format", "state_dict", "state_sha256", "config", "fingerprint", "metrics", "gamma")
+
+
+def state_sha256(state_dict: dict[str, torch.Tensor]) -> str:
+    """sha256 over every tensor's name, dtype, shape and bytes, in name order."""
+    digest = hashlib.sha256()
+    for name in sorted(state_dict):
+        tensor = state_dict[name].detach().cpu().contiguous()
+        digest.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)}:".encode())
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+@dataclass(frozen=True)
+class DrafterCheckpoint:
+    """A loaded, verified checkpoint: `model` holds the weights (eval mode, on the CPU)."""
+
+    path: str
+    model: OrderModel
+    config: OrderModelConfig
+    fingerprint: dict
+    metrics: dict
+    gamma: tuple[float, ...] | None  # SPOT-gamma's per-depth exponents (spot.drafters.spot), None for plain SPOT
+
+
+def save_checkpoint(
+    path: str | Path, model: OrderModel, fingerprint: dict, metrics: dict, gamma: Sequence[float] | None = None
+) -> None:
+    """Write atomically (temp file + rename): an interrupted save never leaves a half checkpoint."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+    payload = {
+        "format": FORMAT,
+        "state_dict": state,
+        "state_sha256": state_sha256(state),
+        "config": model.config.to_dict(),
+        "fingerprint": dict(fingerprint),
+        "metrics": metrics,
+        "gamma": None if gamma is None else [float(g) for g in gamma],
+    }
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(payload, tmp)
+    os.replace(tmp, path)
+
+
+def load_checkpoint(path: str | Path) -> DrafterCheckpoint:
+    """Load and verify a drafter checkpoint.
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: naming the file, for a corrupt, truncated or foreign file.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"drafter checkpoint {path} does not exist; train one with spot-eval train-drafter")
+
+    def corrupt(why: str) -> ValueError:
+        return ValueError(
+            f"drafter checkpoint {path} is corrupt or truncated ({why}); retrain it (spot-eval train-drafter) "
+            "or re-download it"
+        )
+
+    try:
+        raw = torch.load(path, weights_only=True, map_location="cpu")
+    except Exception as err:  # torch raises many kinds here (zip, unpickling, unicode, EOF)
+        raise corrupt(f"torch.load failed: {type(err).__name__}: {str(err)[:200]}") from None
+    if isinstance(raw, dict) and raw.get("format") in RETIRED:
+        raise ValueError(
+            f"drafter checkpoint {path} was written by an earlier spot-eval: {RETIRED[raw['format']]}; "
+            "retrain it with spot-eval train-drafter on the same trajectories"
+        )
+    if not isinstance(raw, dict) or raw.get("format") != FORMAT:
+        found = raw.get("format") if isinstance(raw, dict) else type(raw).__name__
+        raise corrupt(f"format {found!r}, expected {FORMAT!r}")
+    missing = [k for k in KEYS if k not in raw]
+    if missing:
+        raise corrupt(f"missing keys {missing}")
+    state = raw["state_dict"]
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise corrupt("state_dict is not a dict of tensors")
+    if state_sha256(state) != raw["state_sha256"]:
+        raise corrupt("the weights do not match their recorded sha256")
+    try:
+        config = OrderModelConfig(**raw["config"])
+        model = OrderModel(config)
+        model.load_state_dict(state, strict=True)
+    except (TypeError, RuntimeError) as err:
+        raise corrupt(f"the weights do not fit the recorded config: {str(err)[:300]}") from None
+    fingerprint = raw["fingerprint"]
+    missing_fp = [k for k in IDENTITY if not isinstance(fingerprint, dict) or k not in fingerprint]
+    if missing_fp:
+        raise corrupt(f"the target fingerprint lacks {missing_fp}")
+    gamma = raw["gamma"]
+    if gamma is not None and not (isinstance(gamma, list) and all(isinstance(g, float) for g in gamma)):
+        raise corrupt(f"gamma is {gamma!r}, expected null or a list of floats")
+    return DrafterCheckpoint(str(path), model.eval(), config, fingerprint, raw["metrics"], None if gamma is None else tuple(gamma))

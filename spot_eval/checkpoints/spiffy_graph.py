@@ -1,0 +1,42 @@
+"""Spiffy's calibrated draft graph as a file: small, diffable JSON, checked against its target on load."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from spot.drafters.spiffy import SpiffyGraph, graph_to_dict, load_graph
+from spot.targets import SDARTarget
+from spot_eval.checkpoints.fingerprint import check_fingerprint, target_fingerprint
+from spot_eval.checkpoints.shipped import shipped_drafter
+
+
+def graph_json(graph: SpiffyGraph) -> str:
+    """The graph as small, diffable JSON: one line per node."""
+    raw = graph_to_dict(graph)
+    head = [f"  {json.dumps(k)}: {json.dumps(v)}" for k, v in raw.items() if k != "nodes"]
+    nodes = ",\n".join(f"    {json.dumps(n)}" for n in raw["nodes"])
+    return "{\n" + ",\n".join([*head[:3], f'  "nodes": [\n{nodes}\n  ]', *head[3:]]) + "\n}\n"
+
+
+def write_graph(path: str | Path, graph: SpiffyGraph) -> None:
+    """Write atomically (temp file + rename): an interrupted run never leaves half a graph."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(graph_json(graph))
+    os.replace(tmp, path)
+
+
+def graph_for_target(model: SDARTarget, policy: str, path: str | Path | None = None) -> SpiffyGraph:
+    """Load a graph (default: the shipped one for the model's block length) and check that it was
+    calibrated for this target, block length and policy."""
+    path = shipped_drafter("spiffy", model.block_length) if path is None else Path(path)
+    graph = load_graph(path, model.block_length)
+    check_fingerprint(
+        graph.target, target_fingerprint(model, policy), what=f"Spiffy graph {path} was calibrated",
+        fix=f"calibrate a graph for this target (spot-eval spiffy-calibrate --target ... "
+        f"--block-length {model.block_length} --unmasking {policy})",
+    )
+    return graph

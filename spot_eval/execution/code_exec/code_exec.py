@@ -1,0 +1,90 @@
+"""pass@k of generated programs, each run against its tests in `spot_eval.execution.sandbox`.
+
+An `evaluate` metric loaded from its folder, `evaluate.load("<path to this folder>")`, so it needs no hub.
+It replaces the hub's `code_eval` that lm-eval's mbpp and humaneval tasks load: the same inputs and the same
+unbiased estimator, but each program runs in a confined subprocess rather than in a thread of the evaluating
+process, and no HF_ALLOW_CODE_EVAL switch is involved.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from statistics import fmean
+
+import datasets
+import evaluate
+
+from spot_eval.execution.sandbox import Limits, run_many
+
+_DESCRIPTION = """Runs every candidate program followed by its problem's test code in a sandboxed subprocess,
+and estimates pass@k with the unbiased estimator 1 - C(n-c, k) / C(n, k) of Chen et al. (2021), where n is the
+number of candidates of a problem and c the number that passed."""
+
+_CITATION = """@article{chen2021codex,
+  title={Evaluating Large Language Models Trained on Code},
+  author={Mark Chen and others},
+  journal={arXiv preprint arXiv:2107.03374},
+  year={2021}
+}"""
+
+_INPUTS = """
+Args:
+    predictions: list of lists of candidate programs, one list per problem.
+    references: list of test programs, one per problem, run after each candidate (they fail by raising).
+    k: the k of pass@k to report; pass@k is left out when a problem has fewer than k candidates.
+    timeout_s: wall-clock (and CPU) seconds each candidate may run.
+    workers: how many candidates run at once.
+Returns:
+    {"pass@<k>": mean over problems, ..., "outcomes": per problem, the sandbox Outcome of each candidate}
+"""
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """The unbiased pass@k estimate for one problem with n candidates of which c passed (Chen et al. 2021,
+    eq. 1). Exact integer binomials, so it is also exact for large n."""
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+@evaluate.utils.file_utils.add_start_docstrings(_DESCRIPTION, _INPUTS)
+class CodeExec(evaluate.Metric):
+    def _info(self) -> evaluate.MetricInfo:
+        return evaluate.MetricInfo(
+            module_type="metric",
+            description=_DESCRIPTION,
+            citation=_CITATION,
+            inputs_description=_INPUTS,
+            features=datasets.Features(
+                {
+                    "predictions": datasets.Sequence(datasets.Value("string")),
+                    "references": datasets.Value("string"),
+                }
+            ),
+        )
+
+    def _compute(
+        self,
+        predictions: list[list[str]],
+        references: list[str],
+        k: Sequence[int] = (1,),
+        timeout_s: float = Limits.timeout_s,
+        workers: int = 2,
+    ) -> dict:
+        programs = [
+            f"{candidate}\n{test}"
+            for candidates, test in zip(predictions, references, strict=True)
+            for candidate in candidates
+        ]
+        flat = iter(run_many(programs, Limits(timeout_s=timeout_s), workers=workers))
+        outcomes = [[next(flat) for _ in candidates] for candidates in predictions]
+        counts = [
+            (len(problem), sum(o.passed for o in problem)) for problem in outcomes
+        ]  # (n, c) per problem
+        scores = {
+            f"pass@{k_}": fmean(pass_at_k(n, c, k_) for n, c in counts)
+            for k_ in k
+            if all(n >= k_ for n, _ in counts)
+        }
+        return {**scores, "outcomes": outcomes}

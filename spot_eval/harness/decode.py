@@ -1,0 +1,79 @@
+"""One prompt, one method: the `spot-eval decode` command's work, returned as a JSON-ready dict."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+from spot import DecodeConfig, Sampling, generate
+from spot_eval.checkpoints.target import encode_prompt, load_target
+from spot_eval.harness.methods import KNOWN, MethodSpec, build_drafter
+
+DRAFT_FREE = "draft_free"
+
+
+def decode_prompt(
+    target: str | Path,
+    method: str,
+    budget: int,
+    policy: str,
+    threshold: float,
+    block_length: int | None,
+    gen_length: int,
+    temperature: float,
+    top_k: int,
+    top_p: float,
+    seed: int,
+    prompt: str,
+    chat: bool,
+    device: str = "cpu",
+    drafter_path: str | None = None,
+) -> dict:
+    """drafter_path: the method's checkpoint or graph (default: the one shipped for the block
+    length). With spiffy the budget is D*, the nodes kept by Spiffy's online pruning."""
+    if method != DRAFT_FREE and method not in KNOWN:
+        raise ValueError(f"unknown method {method!r}; choose {DRAFT_FREE} or one of {', '.join(KNOWN)}")
+    if method == DRAFT_FREE and (budget or drafter_path):
+        raise ValueError(f"method {DRAFT_FREE} takes no budget or --drafter; pick a drafter method to use them")
+    if method != DRAFT_FREE and budget < 1:
+        raise ValueError(f"method {method} needs --budget >= 1 (draft nodes per verify forward), got {budget}")
+    sampling = Sampling(temperature=temperature, top_k=top_k, top_p=top_p)
+    # Validate the settings before loading weights.
+    DecodeConfig(policy=policy, threshold=threshold, gen_length=gen_length, sampling=sampling, seed=seed, budget=budget)
+    model = load_target(target, block_length, device)
+    config = DecodeConfig(
+        policy=policy,
+        threshold=threshold,
+        block_length=model.block_length,
+        gen_length=gen_length,
+        sampling=sampling,
+        seed=seed,
+        budget=budget,
+    )
+    ids = encode_prompt(model, prompt, chat)
+    decode = model.tokenizer.decode
+    drafter = None
+    if method != DRAFT_FREE:
+        spec = MethodSpec(method, budget, drafter_path)
+        reference = None
+        if spec.needs_reference:
+            reference = generate(model, ids, replace(config, budget=0), record=True)
+        drafter = build_drafter(spec, model, policy, reference)
+    result = generate(model, ids, config, drafter=drafter, decode=decode)
+    s = result.stats
+    return {
+        "method": method,
+        "budget": budget,
+        "target": str(target),
+        "text": result.text,
+        "token_ids": list(result.token_ids),
+        "finish_reason": result.finish_reason,
+        "forwards": s.forwards,
+        "steps": s.steps,
+        "seconds": s.seconds,
+        "target_seconds": s.target_seconds,
+        "drafter_seconds": s.drafter_seconds,
+        "accepted_lengths": list(s.accepted_lengths),
+        "prompt_tokens": len(ids),
+        "block_length": model.block_length,
+    }

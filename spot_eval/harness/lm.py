@@ -1,0 +1,260 @@
+"""`lm_eval --model spot`: every request decoded draft-free and by each method, side by side.
+
+The model returns the draft-free text (the target's own output, which lossless methods must
+reproduce) and records, per request and method, the tokens, target forwards, seconds and whether
+the tokens equal the draft-free ones. It stays task-blind: prompts, stop strings and scoring come
+from the task YAMLs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import warnings
+from collections import Counter
+from dataclasses import asdict, dataclass, field, replace
+
+import torch
+from lm_eval.api.model import LM
+from tqdm import tqdm
+
+from spot import DecodeConfig, Sampling, generate
+from spot.targets import SDARTarget
+from spot_eval.checkpoints.shipped import EMBEDDED_TARGET
+from spot_eval.checkpoints.target import target_id
+from spot_eval.harness.lossless import MethodRecord
+from spot_eval.harness.methods import MethodSpec, build_drafter, parse_methods
+from spot_eval.harness.session import RequestRecord, Session
+from spot_eval.tracking.writer import TrackingConfig, open_tracker
+
+
+def _flag(value: object) -> bool:
+    if isinstance(value, str):
+        return value.strip().lower() in ("1", "true", "yes", "on")
+    return bool(value)
+
+
+@dataclass(frozen=True)
+class SpotArgs:
+    """The `--model_args` of `lm_eval --model spot`, with their defaults (see README)."""
+
+    pretrained: str = str(EMBEDDED_TARGET)
+    methods: str = "spot+spiffy@3"  # SPOT at `budgets`, Spiffy pruned to D* = 3 (its paper default)
+    budgets: str = "8"
+    unmasking: str = "single"
+    threshold: float = 0.9
+    block_length: int | None = None
+    gen_length: int = 256
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int = 0
+    reference: bool = True
+    fail_on_divergence: bool = True
+    device: str = "cuda:0"
+    dtype: str = "auto"
+    mlflow_tracking_uri: str | None = None
+    mlflow_experiment: str = "spot-eval"
+    output_dir: str | None = None  # the run directory (default: spot-eval-runs/<time>)
+
+    @classmethod
+    def parse(cls, kwargs: dict) -> SpotArgs:
+        known = {f for f in cls.__dataclass_fields__}
+        unknown = sorted(k for k in kwargs if k not in known)
+        if unknown:
+            hint = " (list items are joined with '+': methods=spot+spiffy, budgets=8+20)" if any(
+                kwargs[k] in ("", None) for k in unknown
+            ) else ""
+            raise ValueError(f"unknown model_args {', '.join(unknown)}{hint}; known: {', '.join(sorted(known))}")
+        values = {k: v for k, v in kwargs.items() if v is not None}
+        for name in ("reference", "fail_on_divergence"):
+            if name in values:
+                values[name] = _flag(values[name])
+        return cls(**values)
+
+
+@dataclass
+class _Running:
+    forwards: Counter = field(default_factory=Counter)
+    seconds: Counter = field(default_factory=Counter)
+    tokens: int = 0
+
+
+class SpotLM(LM):
+    def __init__(self, batch_size: int | str | None = 1, max_batch_size: int | None = None, **kwargs) -> None:
+        super().__init__()
+        self.args = SpotArgs.parse(kwargs)
+        self.batch_size = int(batch_size) if str(batch_size).isdigit() else 1  # one request at a time
+        device = self.args.device
+        if device.startswith("cuda") and not torch.cuda.is_available():
+            warnings.warn(f"device {device} requested but CUDA is not available; running on CPU", stacklevel=2)
+            device = "cpu"
+        dtype = {"auto": torch.float32 if device == "cpu" else torch.bfloat16, "float32": torch.float32,
+                 "bfloat16": torch.bfloat16, "float16": torch.float16}.get(self.args.dtype)
+        if dtype is None:
+            raise ValueError(f"unknown dtype {self.args.dtype!r}; choose auto, float32, bfloat16 or float16")
+        self.target = SDARTarget.from_pretrained(self.args.pretrained, self.args.block_length, device=device, dtype=dtype)
+        self.config = DecodeConfig(
+            policy=self.args.unmasking,
+            threshold=self.args.threshold,
+            block_length=self.target.block_length,
+            gen_length=self.args.gen_length,
+            sampling=Sampling(self.args.temperature, self.args.top_k, self.args.top_p),
+            seed=self.args.seed,
+        )
+        if self.config.gen_length < self.target.block_length:
+            raise ValueError(
+                f"gen_length {self.config.gen_length} is below one block ({self.target.block_length}); "
+                "raise gen_length or lower block_length"
+            )
+        self.specs: list[MethodSpec] = parse_methods(self.args.methods, self.args.budgets)
+        if self.specs and not self.args.reference:
+            raise ValueError("reference=False leaves nothing to compare the methods with; drop methods or keep reference")
+        self._drafters = {s.label: build_drafter(s, self.target, self.config.policy) for s in self.specs if not s.needs_reference}
+        tracker = open_tracker(TrackingConfig(self.args.mlflow_tracking_uri, self.args.mlflow_experiment))
+        settings = {"model_args": asdict(self.args), "decoder": _config_dict(self.config),
+                    "lm_eval_version": _lm_eval_version(), "target_id": target_id(self.args.pretrained)}
+        tracker.log_params({**_flatten({"model_args": settings["model_args"], "decoder": settings["decoder"]}),
+                            "lm_eval_version": settings["lm_eval_version"], **_flatten(self._fingerprints())})
+        self.session = Session(self.args, self._fingerprints(), tracker, self.args.output_dir, settings)
+        self._repeat = Counter()
+
+    # -- lm-eval contract --------------------------------------------------------------------------
+
+    @classmethod
+    def create_from_arg_obj(cls, arg_dict: dict, additional_config: dict | None = None) -> SpotLM:
+        # lm-eval passes --device/--batch_size beside model_args; a model_args value wins (no clash).
+        extra = {k: v for k, v in (additional_config or {}).items() if v is not None}
+        return cls(**{**extra, **arg_dict})
+
+    @classmethod
+    def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None) -> SpotLM:
+        from lm_eval.utils import simple_parse_args_string
+
+        return cls.create_from_arg_obj(simple_parse_args_string(arg_string), additional_config)
+
+    def loglikelihood(self, requests):
+        raise NotImplementedError("spot is a generate_until model: block-diffusion decoding has no loglikelihood API")
+
+    def loglikelihood_rolling(self, requests):
+        raise NotImplementedError("spot is a generate_until model: block-diffusion decoding has no loglikelihood API")
+
+    @property
+    def tokenizer_name(self) -> str:
+        return self.target.name.replace("/", "__")
+
+    def apply_chat_template(self, chat_history: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+        tokenizer = self.target.tokenizer
+        if not getattr(tokenizer, "chat_template", None):
+            raise ValueError(f"--apply_chat_template needs a chat template and the tokenizer of {self.target.name} has none")
+        return tokenizer.apply_chat_template(
+            chat_history,
+            tokenize=False,
+            add_generation_prompt=add_generation_prompt,
+            continue_final_message=not add_generation_prompt,
+        )
+
+    def set_cache_hook(self, cache_hook) -> None:
+        """lm-eval's `--use_cache` keys requests by (prompt, gen_kwargs) only, so one cache file must
+        hold one decoder configuration: the first run stamps it, a run with another one is refused."""
+        super().set_cache_hook(cache_hook)
+        store = getattr(cache_hook, "dbdict", None)
+        if store is None:
+            return
+        stamp = json.dumps({"target": self.target.name, "decoder": _config_dict(self.config)}, sort_keys=True)
+        found = store.get(CACHE_STAMP)
+        if found is None:
+            store[CACHE_STAMP] = stamp
+        elif found != stamp:
+            raise ValueError(
+                f"the --use_cache file was written with another target or decoder config ({found}); "
+                f"this run uses {stamp}. Use a separate --use_cache path per configuration."
+            )
+
+    def get_model_info(self) -> dict:
+        return {"spot": {"decoder": _config_dict(self.config), "methods": [s.label for s in self.specs], **self._fingerprints()}}
+
+    def generate_until(self, requests) -> list[str]:
+        out: list[str] = []
+        running = _Running()
+        bar = tqdm(requests, desc="spot", unit="req", dynamic_ncols=True)
+        for req in bar:
+            context, gen_kwargs = req.args
+            record = self._decode(req, context, dict(gen_kwargs))
+            out.append(record.text)
+            self.cache_hook.add_partial("generate_until", req.args, record.text)
+            running.tokens += len(record.methods[0].token_ids)
+            for m in record.methods:
+                running.forwards[m.label] += m.forwards
+                running.seconds[m.label] += m.seconds
+            ref_s = running.seconds["draft_free"] or 1e-9
+            postfix = {"tok/s": f"{running.tokens / ref_s:.1f}"}
+            for s in self.specs[:2]:
+                if running.forwards[s.label]:
+                    postfix[f"{s.label} fwd×"] = f"{running.forwards['draft_free'] / running.forwards[s.label]:.2f}"
+            bar.set_postfix(postfix)
+        self.session.flush()
+        return out
+
+    # -- one request -------------------------------------------------------------------------------
+
+    def _decode(self, req, context: str, gen_kwargs: dict) -> RequestRecord:
+        key = (req.task_name, req.doc_id)
+        repeat = self._repeat[key]
+        self._repeat[key] += 1
+        request = _request_id(req.task_name, req.doc_id, repeat)
+        until = tuple(s for s in gen_kwargs.get("until") or () if s)
+        max_new = int(gen_kwargs.get("max_gen_toks") or self.config.gen_length)
+        config = replace(self.config, gen_length=max_new, stop_strings=until)
+        tokenizer = self.target.tokenizer
+        ids = tokenizer(context, add_special_tokens=False)["input_ids"]
+        decode = tokenizer.decode
+        reference = generate(self.target, ids, config, request=request, decode=decode, record=True, record_topk=2)
+        methods = [MethodRecord.of("draft_free", 0, reference, reference, len(ids))]
+        for spec in self.specs:
+            drafter = self._drafters.get(spec.label) or build_drafter(spec, self.target, config.policy, reference)
+            got = generate(
+                self.target, ids, replace(config, budget=spec.budget),
+                drafter=drafter, request=request, decode=decode,
+            )
+            methods.append(MethodRecord.of(spec.name, spec.budget, got, reference, len(ids)))
+        record = RequestRecord(
+            task=req.task_name, doc_id=req.doc_id, repeat=repeat, request=request,
+            prompt_sha256=hashlib.sha256(context.encode()).hexdigest()[:16], text=reference.text, methods=methods,
+        )
+        self.session.add(record)
+        return record
+
+    def _fingerprints(self) -> dict:
+        return {"target": self.target.name, "drafters": {s.label: s.path or "shipped" for s in self.specs}}
+
+
+CACHE_STAMP = "spot-eval/decoder-config"
+
+
+def _request_id(task: str | None, doc_id: int | None, repeat: int) -> int:
+    """Per-request noise key: reproducible from (task, doc, repeat), different across repeats."""
+    digest = hashlib.sha256(json.dumps([task, doc_id, repeat]).encode()).digest()
+    return int.from_bytes(digest[:4], "little")
+
+
+def _config_dict(config: DecodeConfig) -> dict:
+    d = asdict(config)
+    d.pop("stop_strings")
+    return d
+
+
+def _lm_eval_version() -> str:
+    from importlib.metadata import version
+
+    return version("lm_eval")
+
+
+def _flatten(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flatten(v, f"{prefix}{k}/"))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out

@@ -1,0 +1,71 @@
+"""Registering `spot` with lm-eval 0.4.13, which has no plugin discovery.
+
+`register()` adds a lazy `spot` entry (torch and the model load only when `--model spot` is
+used), imports `lm_eval.models` first so the built-ins (`hf`, `dummy`, ...) stay resolvable, and
+wraps `lm_eval.evaluator.evaluate` so that a SpotLM sees the scored results: accuracy lands in
+the same run as the decoding statistics even under the plain `lm_eval` command.
+The installed `spot_eval_lm_eval.pth` (see setup.py) calls `cli_startup()` only when the program
+is the `lm_eval`/`lm-eval` console script; other interpreters never import this package. Newer
+lm-eval reads the `lm_eval.models` entry point declared in pyproject.toml instead.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+
+TARGET = "spot_eval.harness.lm:SpotLM"
+
+
+def cli_startup() -> None:
+    """Register, and turn our bad-input errors into one `error:` line (exit 2) instead of a traceback."""
+    register()
+    default_hook = sys.excepthook
+
+    def hook(kind, error, tb):
+        ours = any(frame.tb_frame.f_globals.get("__name__", "").startswith(("spot.", "spot_eval.")) for frame in _frames(tb))
+        if ours and issubclass(kind, (ValueError, FileNotFoundError)):
+            print(f"error: {error}", file=sys.stderr)
+            sys.exit(2)
+        default_hook(kind, error, tb)
+
+    sys.excepthook = hook
+
+
+def _frames(tb):
+    while tb is not None:
+        yield tb
+        tb = tb.tb_next
+
+
+def register() -> None:
+    import lm_eval.evaluator
+    import lm_eval.models  # noqa: F401  (fills the registry with the built-ins first)
+    from lm_eval.api.registry import model_registry
+
+    if "spot" not in model_registry:
+        model_registry.register("spot", target=TARGET)
+    if not getattr(lm_eval.evaluator.evaluate, "_spot_wrapped", False):
+        lm_eval.evaluator.evaluate = _reporting(lm_eval.evaluator.evaluate)
+
+
+def _reporting(evaluate):
+    @functools.wraps(evaluate)
+    def wrapped(lm, *args, **kwargs):
+        try:
+            results = evaluate(lm, *args, **kwargs)
+        except ValueError as err:
+            if "marked as unsafe" not in str(err):
+                raise
+            raise ValueError(
+                f"{err} On the command line add --confirm_run_unsafe_code: the code tasks execute model-written "
+                "programs (spot_eval runs them in a sandboxed subprocess)."
+            ) from None
+        inner = getattr(lm, "lm", lm)  # unwrap lm-eval's CachingLM
+        finish = getattr(getattr(inner, "session", None), "finish", None)
+        if callable(finish):
+            finish(results)
+        return results
+
+    wrapped._spot_wrapped = True
+    return wrapped

@@ -1,0 +1,305 @@
+"""`spot-eval nightly`: run a suite through lm-eval, compare it with a baseline, report, and gate.
+
+1. Run: every (temperature, seed) of the suite is one real `lm_eval --model spot` run over the
+   suite's tasks, logged to the suite's MLflow experiment, into `<report>/runs/T<t>-seed<s>/`.
+   A rerun of the same day resumes: finished runs are kept.
+2. Compare: with the pinned baseline bundle (`--baseline FILE`, e.g. under results/) or else the
+   previous nightly of the same suite in the experiment that passed (its `nightly/nightly.json`
+   artifact); suites sharing an experiment never become each other's baseline.
+   spot_eval/reports/regression.py says what a regression is.
+3. Report: `results/nightly/<date>/report.md` and a self-contained `report.html` (tables, bars
+   against the baseline, accepted-length histograms, trend lines over the last nightlies), plus
+   `nightly.json`, the bundle the next nightly compares with. All of it is logged to a nightly
+   summary run in the same experiment (tag spot_eval.kind=nightly).
+4. Gate: a one-paragraph verdict comes first; exit 1 on a regression unless --dry-run.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+import tomllib
+import warnings
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+import pandas as pd
+
+from spot_eval.reports import plots
+from spot_eval.reports.history import (
+    BUNDLE_ARTIFACT,
+    KIND_TAG,
+    REGRESSION_TAG,
+    SUITE_TAG,
+    HistoryError,
+    nightly_bundle,
+    nightly_runs,
+)
+from spot_eval.reports.regression import Finding, Tolerances, accuracy_changes, find_regressions, method_table
+from spot_eval.reports.report import Report, Section, write
+from spot_eval.reports.results import Bundle, ResultsError, check_settings, combine, read_bundle, read_run
+from spot_eval.tracking.writer import TrackingConfig, open_tracker, safe_name
+
+DEFAULT_SUITE = Path(__file__).resolve().parent / "suites" / "nightly.toml"
+
+
+class NightlyError(RuntimeError):
+    """The nightly could not produce a result (bad suite, failed evaluation); the message says why."""
+
+
+@dataclass(frozen=True)
+class Suite:
+    name: str
+    experiment: str
+    tasks: tuple[str, ...]
+    include_path: str
+    limit: int
+    methods: str
+    temperatures: tuple[float, ...]
+    seeds: tuple[int, ...]
+    gen_length: int
+    model_args: str = ""
+    trend_window: int = 14
+    tolerances: Tolerances = Tolerances()
+
+    def __post_init__(self) -> None:
+        if not self.tasks or not self.temperatures or not self.seeds:
+            raise NightlyError("a suite needs at least one task, temperature and seed")
+        if not re.fullmatch(r"[A-Za-z0-9_.-]+", self.name):
+            raise NightlyError(f"suite name {self.name!r}: use letters, digits, '_', '.' and '-' (it tags the MLflow runs)")
+        if self.limit < 1 or self.gen_length < 1 or self.trend_window < 1:
+            raise NightlyError(f"limit, gen_length and trend_window must be >= 1 (got {self.limit}, {self.gen_length}, {self.trend_window})")
+
+
+def load_suite(path: str | Path | None) -> Suite:
+    path = Path(path) if path else DEFAULT_SUITE
+    if not path.is_file():
+        raise NightlyError(f"suite file {path} does not exist; pass --suite FILE (default: {DEFAULT_SUITE})")
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as err:
+        raise NightlyError(f"suite file {path} is not valid TOML: {err}") from None
+    known = {f.name for f in fields(Suite)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise NightlyError(f"suite file {path}: unknown keys {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+    try:
+        tolerances = Tolerances(**data.pop("tolerances", {}))
+        for key in ("tasks", "temperatures", "seeds"):
+            if key in data:
+                data[key] = tuple(data[key]) if isinstance(data[key], list) else (data[key],)
+        return Suite(**data, tolerances=tolerances)
+    except (TypeError, ValueError) as err:
+        raise NightlyError(f"suite file {path}: {err}") from None
+
+
+# -- 1. run ----------------------------------------------------------------------------------------------
+
+
+def lm_eval_executable() -> str:
+    beside = Path(sys.executable).parent / "lm_eval"
+    found = str(beside) if beside.exists() else shutil.which("lm_eval")
+    if not found:
+        raise NightlyError("the lm_eval console script is not installed; install the project (pip install .)")
+    return found
+
+
+def lm_eval_command(suite: Suite, temperature: float, seed: int, run_dir: Path, tracking_uri: str | None) -> list[str]:
+    args = {
+        "methods": suite.methods, "temperature": temperature, "seed": seed, "gen_length": suite.gen_length,
+        "fail_on_divergence": "false",  # the nightly gates on divergences itself, after reporting them
+        "mlflow_experiment": suite.experiment, "output_dir": str(run_dir),
+    }
+    if tracking_uri:
+        args["mlflow_tracking_uri"] = tracking_uri
+    model_args = ",".join(f"{k}={v}" for k, v in args.items())
+    if suite.model_args:
+        model_args += "," + suite.model_args
+    return [
+        lm_eval_executable(), "--model", "spot", "--model_args", model_args, "--tasks", ",".join(suite.tasks),
+        "--include_path", suite.include_path, "--apply_chat_template", "--confirm_run_unsafe_code",
+        "--limit", str(suite.limit), "--log_samples", "--output_path", str(run_dir / "lm_eval"),
+    ]
+
+
+def run_suite(suite: Suite, report_dir: Path, tracking_uri: str | None, log=print) -> list[Path]:
+    if not Path(suite.include_path).is_dir():
+        raise NightlyError(f"task directory {suite.include_path} not found; run from the repository root or set include_path")
+    runs = []
+    for temperature in suite.temperatures:
+        for seed in suite.seeds:
+            run_dir = report_dir / "runs" / f"T{temperature:g}-seed{seed}"
+            runs.append(run_dir)
+            if (run_dir / "outcomes.jsonl").is_file():
+                log(f"nightly: {run_dir.name} already finished, kept")
+                continue
+            command = lm_eval_command(suite, temperature, seed, run_dir, tracking_uri)
+            log(f"nightly: {run_dir.name}: {' '.join(command)}")
+            started = time.perf_counter()
+            done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"})
+            (run_dir / "lm_eval.log").parent.mkdir(parents=True, exist_ok=True)
+            (run_dir / "lm_eval.log").write_text(done.stdout + done.stderr)
+            if done.returncode != 0 or not (run_dir / "outcomes.jsonl").is_file():
+                tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-8:])
+                raise NightlyError(f"lm_eval failed for {run_dir.name} (exit {done.returncode}); log in {run_dir / 'lm_eval.log'}:\n{tail}")
+            log(f"nightly: {run_dir.name} done in {time.perf_counter() - started:.0f} s")
+    return runs
+
+
+# -- 2. baseline -----------------------------------------------------------------------------------------
+
+
+def find_baseline(
+    pinned: str | Path | None, tracking_uri: str | None, experiment: str, suite: str, log=print
+) -> tuple[Bundle | None, str]:
+    """(bundle, description); a pinned file wins, else the newest passing nightly of the suite in the experiment."""
+    if pinned:
+        try:
+            return read_bundle(pinned), f"pinned baseline {pinned}"
+        except ResultsError as err:
+            raise NightlyError(str(err)) from None
+    try:
+        for run in nightly_runs(tracking_uri, experiment, suite=suite):
+            if run.status == "FINISHED" and not run.regression:
+                return nightly_bundle(tracking_uri, run.run_id), f"nightly run {run.run_id} of {_date(run.start_time)}"
+    except HistoryError as err:
+        log(f"nightly: warning: no baseline from MLflow: {err}")
+        return None, f"none ({err})"
+    return None, f"none (no earlier passing nightly of suite {suite!r} in experiment {experiment!r})"
+
+
+def _date(ms: int) -> str:
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(ms / 1000))
+
+
+# -- 3. report -------------------------------------------------------------------------------------------
+
+
+def verdict(findings: list[Finding], baseline: str, new: Bundle) -> str:
+    n_runs = len(new.runs)
+    scope = (f"{len(new.samples.drop_duplicates(['temperature', 'seed', 'task', 'doc_id']))} requests in {n_runs} run(s) "
+             f"(target {new.settings.get('target')}, block {new.settings.get('block_length')}, gen {new.settings.get('gen_length')})")
+    if not findings:
+        return f"**PASS**: no regression in {scope} against the baseline ({baseline})."
+    kinds = pd.Series([f.kind for f in findings]).value_counts()
+    listed = "; ".join(f"{f.kind} at {f.where}: {f.detail}" for f in findings[:6])
+    more = f"; and {len(findings) - 6} more" if len(findings) > 6 else ""
+    return (f"**REGRESSION** ({', '.join(f'{n} {k}' for k, n in kinds.items())}) in {scope} against the baseline "
+            f"({baseline}): {listed}{more}.")
+
+
+def build_report(suite: Suite, new: Bundle, base: Bundle | None, baseline: str, findings: list[Finding],
+                 table: pd.DataFrame, trend: pd.DataFrame, report_dir: Path, date: str) -> Report:
+    """`table` is `method_table(new, base)`, already computed for the trend and the MLflow metrics."""
+    _, accuracy = accuracy_changes(new, base, suite.tolerances.accuracy_p) if base is not None else (None, pd.DataFrame())
+    figures = [("throughput ratio vs draft-free, this run and baseline",
+                plots.against_baseline(table, "throughput_ratio", report_dir / "throughput_ratio.png", "throughput ratio")),
+               ("target-forward ratio vs draft-free, this run and baseline",
+                plots.against_baseline(table, "forward_ratio", report_dir / "forward_ratio.png", "forward ratio"))]
+    hist = plots.accepted_histogram(new.samples, report_dir / "accepted_lengths.png")
+    sections = [Section("Findings", "\n\n".join(f"- **{f.kind}** {f.where}: {f.detail}" for f in findings) or "None.")]
+    columns = [c for c in ("temperature", "task", "label", "throughput_ratio", "throughput_ratio_base", "throughput_std",
+                           "forward_ratio", "forward_ratio_base", "forwards", "forwards_base", "lossless",
+                           "accepted_mean", "drafter_share") if c in table.columns]
+    sections.append(Section("Speed per task and method",
+                            "Ratios are draft-free over method, summed over the same requests (mean over seeds).",
+                            tables=(("per temperature, task and method", table[columns]),), figures=tuple(figures)))
+    if not accuracy.empty:
+        sections.append(Section("Accuracy (draft-free output, paired per sample)",
+                                tables=(("lost / gained: samples right in the baseline and wrong now, and the reverse", accuracy),)))
+    elif not new.accuracy.empty:
+        sections.append(Section("Accuracy", tables=(("lm-eval's scores", new.accuracy),)))
+    sections.append(Section("Accepted lengths", figures=(("steps advanced per verify forward", hist),)))
+    if not trend.empty:
+        sections.append(Section(f"Trend over the last {trend.time.nunique()} nightlies",
+                                figures=(("mean over tasks and temperatures", plots.trend(trend, report_dir / "trend.png")),)))
+    lead = verdict(findings, baseline, new)
+    return Report(f"spot-eval nightly {date}: suite {suite.name}", lead, sections)
+
+
+def trend_series(
+    tracking_uri: str | None, experiment: str, suite: str, window: int, current: pd.DataFrame, log=print
+) -> pd.DataFrame:
+    """Per nightly and method, mean throughput and forward ratios: the suite's past nightlies from MLflow plus this one."""
+    rows = []
+    try:
+        past = nightly_runs(tracking_uri, experiment, limit=window - 1, suite=suite)
+    except HistoryError as err:
+        log(f"nightly: warning: no trend from MLflow: {err}")
+        past = []
+    for run in past:
+        for key, value in run.metrics.items():
+            for column in ("throughput_ratio", "forward_ratio"):
+                if key.startswith(f"{column}/mean/"):
+                    rows.append({"time": pd.Timestamp(run.start_time, unit="ms"), "label": key.split("/", 2)[2], column: value})
+    now = pd.Timestamp.now()
+    for label, g in current[current.label != "draft_free"].groupby("label"):
+        rows.append({"time": now, "label": safe_name(label), "throughput_ratio": g.throughput_ratio.mean(), "forward_ratio": g.forward_ratio.mean()})
+    if not rows:
+        return pd.DataFrame()
+    return pd.DataFrame(rows).groupby(["time", "label"], as_index=False).first()
+
+
+# -- 4. the command --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class NightlyResult:
+    findings: list[Finding]
+    summary: str
+    report_dir: Path
+    exit_code: int
+
+
+def nightly(suite: Suite, out_root: str | Path = "results/nightly", tracking_uri: str | None = None,
+            baseline: str | Path | None = None, dry_run: bool = False, date: str | None = None,
+            log=print) -> NightlyResult:
+    date = date or time.strftime("%Y-%m-%d")
+    report_dir = Path(out_root) / date
+    base, described = find_baseline(baseline, tracking_uri, suite.experiment, suite.name, log)  # a corrupt pin fails before hours of decoding
+    runs = run_suite(suite, report_dir, tracking_uri, log)
+    try:
+        new = combine([read_run(r) for r in runs])
+    except ResultsError as err:
+        raise NightlyError(str(err)) from None
+    if base is not None:
+        try:
+            check_settings([new.settings, base.settings], ["this nightly", described])
+        except ResultsError as err:
+            log(f"nightly: warning: baseline not comparable, reporting without it: {err}")
+            base, described = None, f"none ({described} has other settings)"
+    findings = find_regressions(new, base, suite.tolerances)
+    table = method_table(new, base)
+    trend = trend_series(tracking_uri, suite.experiment, suite.name, suite.trend_window, table, log)
+    report = build_report(suite, new, base, described, findings, table, trend, report_dir, date)
+    bundle_path = new.write(report_dir / "nightly.json")
+    md, page = write(report, report_dir)
+    regressed = bool(findings)
+    _log_nightly(suite, tracking_uri, date, table, findings, [bundle_path, md, page, *sorted(report_dir.glob("*.png"))], regressed)
+    return NightlyResult(findings, report.lead, report_dir, 1 if regressed and not dry_run else 0)
+
+
+def _log_nightly(suite: Suite, tracking_uri: str | None, date: str, table: pd.DataFrame, findings: list[Finding],
+                 files: list[Path], regressed: bool) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        tracker = open_tracker(TrackingConfig(tracking_uri, suite.experiment, run_name=f"nightly {date}"))
+    tracker.set_tags({KIND_TAG: "nightly", REGRESSION_TAG: str(regressed).lower(), SUITE_TAG: suite.name})
+    tracker.log_params({"suite": suite.name, "tasks": ",".join(suite.tasks), "limit": suite.limit, "methods": suite.methods,
+                        "temperatures": ",".join(f"{t:g}" for t in suite.temperatures),
+                        "seeds": ",".join(map(str, suite.seeds)), "gen_length": suite.gen_length})
+    metrics = {"regressions": float(len(findings))}
+    for _, r in table[table.label != "draft_free"].iterrows():
+        for column in ("throughput_ratio", "forward_ratio", "lossless"):
+            metrics[safe_name(f"{column}/T{r.temperature:g}/{r.task}/{r.label}")] = float(r[column])
+    for label, g in table[table.label != "draft_free"].groupby("label"):
+        metrics[safe_name(f"throughput_ratio/mean/{label}")] = float(g.throughput_ratio.mean())
+        metrics[safe_name(f"forward_ratio/mean/{label}")] = float(g.forward_ratio.mean())
+    tracker.log_metrics(metrics)
+    for path in files:
+        tracker.log_artifact(path, str(Path(BUNDLE_ARTIFACT).parent))
+    tracker.end("FAILED" if regressed else "FINISHED")

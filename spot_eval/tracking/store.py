@@ -1,0 +1,83 @@
+"""Reaching an MLflow tracking store: URIs, a quick health check, and quiet, fast-failing client calls.
+
+Writing (writer.py), replaying the spool (sync.py) and reading runs back (spot_eval.reports.history)
+all go through these, so an unreachable store is found out the same way everywhere.
+"""
+
+from __future__ import annotations
+
+import os
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from mlflow import MlflowClient
+from mlflow.exceptions import MlflowException
+
+# The environment MLflow reads at every request, set around our calls only. Its retry defaults (7 retries,
+# backoff factor 2, 120 s timeout) would stall an evaluation for minutes on a dead server; one quick retry
+# is enough, because an outage only diverts to the spool. Its "View run at" lines would mix into stdout.
+CLIENT_ENV = {
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1",
+    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+    "MLFLOW_HTTP_REQUEST_TIMEOUT": "15",
+    "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true",
+}
+HEALTH_TIMEOUT_S = 2.0
+
+
+class TrackingUnavailable(ConnectionError):
+    """The tracking store cannot be reached (or failed while `sync` replayed into it)."""
+
+
+def resolve_uri(tracking_uri: str | None) -> str:
+    """The URI with relative sqlite paths made absolute, so `spot-eval sync` works from any directory."""
+    uri = tracking_uri or "sqlite:///mlflow.db"
+    prefix = "sqlite:///"
+    if uri.startswith(prefix) and not uri[len(prefix) :].startswith("/"):
+        return prefix + str(Path.cwd() / uri[len(prefix) :])
+    return uri
+
+
+def unreachable(uri: str) -> str | None:
+    """Why an HTTP tracking server does not answer `GET /health` within 2 s; None if it does (or if
+    the URI is not HTTP: a database is found out by its first call)."""
+    if not uri.startswith(("http://", "https://")):
+        return None
+    try:
+        with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=HEALTH_TIMEOUT_S):
+            return None
+    except urllib.error.HTTPError as err:
+        # Any answer below 500 (401 from an authenticating proxy, say) means the server is there.
+        return None if err.code < 500 else f"HTTP {err.code} from /health"
+    except (OSError, ValueError) as err:
+        return str(getattr(err, "reason", err))
+
+
+@contextmanager
+def client_env() -> Iterator[None]:
+    """`CLIENT_ENV` for the duration of a call; the caller's environment is restored after it."""
+    saved = {key: os.environ.get(key) for key in CLIENT_ENV}
+    os.environ.update(CLIENT_ENV)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def experiment_id(client: MlflowClient, name: str) -> str:
+    experiment = client.get_experiment_by_name(name)
+    if experiment is not None:
+        return experiment.experiment_id
+    try:
+        return client.create_experiment(name)
+    except MlflowException as err:
+        if err.error_code != "RESOURCE_ALREADY_EXISTS":
+            raise
+        return client.get_experiment_by_name(name).experiment_id  # another process created it meanwhile

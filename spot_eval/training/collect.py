@@ -1,0 +1,221 @@
+"""`spot-eval collect`: record a target's draft-free trajectories on training prompts.
+
+The plan is a seeded shuffle of every training pair (`corpus.training_pairs`, which mixes the
+sources), cut to the first N: a rerun with a larger N extends the plan without changing its
+prefix. Plan position i decodes pair `plan[i]` with request index `plan[i]` (so one prompt keeps
+its noise key and its side of the held-out split across runs) at temperature
+`temperatures[i % len(temperatures)]`, with the draft-free decoder (budget 0) and the given policy.
+Shards of `shard_size` consecutive plan positions are written as they finish; a rerun skips them.
+With `workers` > 1 the shards are decoded by a pool of processes (one torch thread each by
+default): on a few CPU cores, processes scale far better than torch's threads for a model this
+small. A request's records do not depend on which process decoded it, only, in the last bits of
+float arithmetic, on the torch thread count.
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing
+import os
+import random
+import time
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+
+from spot import DecodeConfig, Sampling, generate
+from spot.targets import SDARTarget
+from spot_eval.checkpoints.fingerprint import target_fingerprint
+from spot_eval.checkpoints.target import encode_prompt, load_target
+from spot_eval.training.corpus import SOURCES, Pair, training_pairs
+from spot_eval.training.trajectories import (
+    BlockRecord,
+    CollectSettings,
+    Manifest,
+    ShardEntry,
+    pack_shard,
+    read_manifest,
+    shard_file,
+    write_manifest,
+    write_shard,
+)
+
+
+@dataclass(frozen=True)
+class CollectResult:
+    out: str
+    decoded: int  # requests decoded by this run
+    shards_written: int
+    shards_skipped: int  # finished by an earlier run
+    prompts_skipped: int  # too long for the model's positions
+    seconds: float
+
+
+def plan(n_prompts: int, seed: int, n_pairs: int) -> list[int]:
+    """Pair indices for plan positions 0..n_prompts-1: the prefix of one seeded shuffle."""
+    order = list(range(n_pairs))
+    random.Random(seed).shuffle(order)
+    return order[:n_prompts]
+
+
+def collect(
+    target: str | Path,
+    out: str | Path,
+    policy: str,
+    block_length: int | None,
+    gen_length: int,
+    prompts: int,
+    temperatures: tuple[float, ...],
+    seed: int,
+    shard_size: int,
+    chat: bool,
+    topk: int = 32,
+    threshold: float = 0.9,
+    sources: tuple[str, ...] = SOURCES,
+    device: str = "cpu",
+    progress: Callable[[str], None] | None = None,
+    workers: int = 1,
+    threads: int | None = None,
+) -> CollectResult:
+    t0 = time.perf_counter()
+    if min(prompts, shard_size, topk, workers) < 1:
+        raise ValueError(
+            f"--prompts ({prompts}), --shard-size ({shard_size}), --topk ({topk}) and --workers ({workers}) must be >= 1"
+        )
+    if not temperatures:
+        raise ValueError("--temperatures is empty; give at least one, e.g. 0,1")
+    for t in temperatures:  # validates each temperature and the policy before any weights load
+        DecodeConfig(policy=policy, threshold=threshold, gen_length=gen_length, sampling=Sampling(temperature=t), seed=seed)
+    pairs = training_pairs(sources)
+    if prompts > len(pairs):
+        raise ValueError(f"--prompts {prompts} exceeds the {len(pairs)} training prompts of {', '.join(sources)}")
+    model = load_target(target, block_length, device)
+    if chat and not getattr(model.tokenizer, "chat_template", None):
+        raise ValueError(f"the tokenizer of {target} has no chat template; pass --no-chat to decode the raw prompts")
+    settings = CollectSettings(gen_length, topk, seed, tuple(temperatures), chat, shard_size, threshold, tuple(sources))
+    manifest = Manifest(target_fingerprint(model, policy), settings, model.mask_id, model.vocab_size, ())
+    out = Path(out)
+    if (out / "manifest.json").is_file():
+        recorded = read_manifest(out)
+        differences = recorded.mismatch(manifest)
+        if differences:
+            raise ValueError(
+                f"{out} already holds trajectories of target {recorded.fingerprint} with {recorded.settings}, "
+                f"not of target {manifest.fingerprint} with {settings} (differs in {'; '.join(differences)}); "
+                "use another --out or the recorded settings"
+            )
+        manifest = recorded
+    out.mkdir(parents=True, exist_ok=True)
+
+    shards = [
+        (index, index * shard_size, min(shard_size, prompts - index * shard_size))
+        for index in range(math.ceil(prompts / shard_size))
+    ]
+    earlier = {s.index: s for s in manifest.shards}
+
+    def finished(index: int, first: int, count: int) -> bool:
+        entry = earlier.get(index)
+        return entry is not None and (entry.first, entry.count) == (first, count) and (out / entry.file).is_file()
+
+    todo = [shard for shard in shards if not finished(*shard)]
+    decoder = ShardDecoder(plan(prompts, seed, len(pairs)), pairs, settings, policy)
+    decoded = written = skipped_prompts = 0
+    for index, first, count, shard, seconds in _decode_shards(todo, decoder, model, target, block_length, device, workers, threads):
+        decoded += shard.requests
+        skipped_prompts += shard.skipped_prompts
+        name = shard_file(index)
+        write_shard(out / name, pack_shard(shard.records, model.vocab_size, model.block_length, topk))
+        steps = sum(r.topk_ids.shape[0] for r in shard.records)
+        entry = ShardEntry(name, index, first, count, shard.requests, len(shard.records), steps)
+        kept = sorted([*(s for s in manifest.shards if s.index != index), entry], key=lambda s: s.index)
+        manifest = replace(manifest, shards=tuple(kept))
+        write_manifest(out, manifest)
+        written += 1
+        if progress is not None:
+            progress(f"{name}: {shard.requests} requests, {len(shard.records)} blocks, {steps} steps in {seconds:.1f} s")
+    skipped_shards = len(shards) - len(todo)
+    return CollectResult(str(out), decoded, written, skipped_shards, skipped_prompts, time.perf_counter() - t0)
+
+
+@dataclass(frozen=True)
+class DecodedShard:
+    records: list[BlockRecord]
+    requests: int
+    skipped_prompts: int  # too long for the model's positions
+
+
+@dataclass(frozen=True)
+class ShardDecoder:
+    """Decodes plan positions first..first+count-1 draft-free. A request's records depend only on
+    its plan position and the settings (the noise is keyed by request and seed), so shards can be
+    decoded in any order and by any process."""
+
+    order: list[int]  # plan position -> pair index (= request index)
+    pairs: list[Pair]
+    settings: CollectSettings
+    policy: str
+
+    def __call__(self, model: SDARTarget, first: int, count: int) -> DecodedShard:
+        s, k = self.settings, model.block_length
+        records: list[BlockRecord] = []
+        requests = skipped = 0
+        for position in range(first, first + count):
+            request = self.order[position]
+            ids = encode_prompt(model, self.pairs[request].prompt, s.chat)
+            if math.ceil((len(ids) + s.gen_length) / k) * k > model.max_positions:
+                skipped += 1
+                continue
+            temperature = s.temperatures[position % len(s.temperatures)]
+            config = DecodeConfig(
+                policy=self.policy,
+                threshold=s.threshold,
+                block_length=k,
+                gen_length=s.gen_length,
+                sampling=Sampling(temperature=temperature),
+                seed=s.seed,
+            )
+            result = generate(model, ids, config, request=request, record=True, record_topk=s.topk)
+            records += [
+                BlockRecord(request, t.block, temperature, t.states, t.topk_logprobs, t.topk_ids) for t in result.trajectory
+            ]
+            requests += 1
+        return DecodedShard(records, requests, skipped)
+
+
+def _decode_shards(todo, decoder, model, target, block_length, device, workers, threads):
+    """Yields (index, first, count, DecodedShard, seconds) per shard, in this process when workers
+    is 1, else from a pool of `workers` processes with `threads` torch threads each (default: the
+    cores shared out); the caller writes every shard, so only one process touches the directory."""
+    if workers == 1 or len(todo) <= 1:
+        for index, first, count in todo:
+            t0 = time.perf_counter()
+            yield index, first, count, decoder(model, first, count), time.perf_counter() - t0
+        return
+    threads = threads or max(1, (os.cpu_count() or 1) // workers)
+    # spawn, not fork: a forked copy of a process that already ran torch ops can deadlock in OpenMP
+    context = multiprocessing.get_context("spawn")
+    init = (str(target), block_length, device, threads, decoder)
+    with ProcessPoolExecutor(workers, mp_context=context, initializer=_start_worker, initargs=init) as pool:
+        jobs = {pool.submit(_worker_decode, first, count): (index, first, count) for index, first, count in todo}
+        for job in as_completed(jobs):
+            shard, seconds = job.result()
+            yield *jobs[job], shard, seconds
+
+
+_WORKER: tuple[SDARTarget, ShardDecoder] | None = None
+
+
+def _start_worker(target: str, block_length: int | None, device: str, threads: int, decoder: ShardDecoder) -> None:
+    global _WORKER
+    torch.set_num_threads(threads)
+    torch.set_grad_enabled(False)
+    _WORKER = (load_target(target, block_length, device), decoder)
+
+
+def _worker_decode(first: int, count: int) -> tuple[DecodedShard, float]:
+    model, decoder = _WORKER
+    t0 = time.perf_counter()
+    return decoder(model, first, count), time.perf_counter() - t0
