@@ -26,7 +26,7 @@ import torch
 from spot.config import DecodeConfig
 from spot.drafters.base import DraftContext, Drafter
 from spot.noise import gumbel, step_key
-from spot.policy import next_state, topk_logprobs
+from spot.policy import Proposal, decide, topk_logprobs
 from spot.stopping import cut_at_stop
 from spot.targets.base import Target
 from spot.tree import DraftTree
@@ -39,12 +39,16 @@ class BlockTrace:
     states: [S + 1, K] int64; row 0 the initial state, the last row the finished block.
     topk_logprobs, topk_ids: [S, K, k] the top-k of log-softmax of the logits at states[s] (the
         logits step s was decided on; the mask token excluded), with record_topk=k > 0.
+    proposals: per step, the proposal it was decided on, token margins included (with
+        record_margins=True): how near each decision came to another outcome (`spot.policy.Margins`),
+        which tells a numerics tie from a bug when another run of the same request diverges.
     """
 
     block: int
     states: torch.Tensor
     topk_logprobs: torch.Tensor | None = None
     topk_ids: torch.Tensor | None = None
+    proposals: tuple[Proposal, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -97,11 +101,13 @@ def generate(
     decode: Callable[[list[int]], str] | None = None,
     record: bool = False,
     record_topk: int = 0,
+    record_margins: bool = False,
 ) -> Generation:
     """Decode one request; the output depends only on (target, prompt, config minus budget, request).
 
     record: keep the trajectory (`Generation.trajectory`); record_topk: also keep the top-k
-    log-probabilities of the logits behind every step (what drafters are trained on).
+    log-probabilities of the logits behind every step (what drafters are trained on);
+    record_margins: also keep every step's proposal with its token margins (`BlockTrace.proposals`).
     """
     prompt = torch.as_tensor(prompt_ids, dtype=torch.long).flatten()
     k, n_prompt = config.block_length, prompt.numel()
@@ -137,12 +143,11 @@ def generate(
         state = torch.full((k,), target.mask_id, dtype=torch.long)
         state[: max(n_prompt - start, 0)] = prompt[start:n_prompt]  # a partial prompt block is never masked
         lo, hi = max(n_prompt - start, 0), min(end - start, k)
-        states, tops, nodes = _decode_block(
-            target, state, start, block, lo, hi, config, drafter, request, lengths, clock, record_topk
-        )
+        recorder = _Recorder(block, record_topk, record_margins, target.mask_id)
+        states, nodes = _decode_block(target, state, start, block, lo, hi, config, drafter, request, lengths, clock, recorder)
         draft_nodes += nodes
         if record:
-            traces.append(_trace(block, states, tops))
+            traces.append(recorder.trace(states))
         new = states[-1][lo:hi].tolist()
         eos_at = next((i for i, t in enumerate(new) if t in target.eos_ids), None)
         out += new[:eos_at]
@@ -169,18 +174,30 @@ def generate(
     return Generation(tuple(out), text, finish, stats, tuple(traces) if record else None)
 
 
-def _trace(block: int, states: list[torch.Tensor], tops: list[tuple[torch.Tensor, torch.Tensor]]) -> BlockTrace:
-    if not tops:
-        return BlockTrace(block=block, states=torch.stack(states))
-    values, ids = zip(*tops, strict=True)
-    return BlockTrace(block, torch.stack(states), torch.stack(values), torch.stack(ids))  # [S, K, k] each
+class _Recorder:
+    """What one block keeps of each step beyond its states, as `generate`'s record_* flags ask."""
+
+    def __init__(self, block: int, topk: int, margins: bool, mask_id: int) -> None:
+        self.block, self.topk, self.margins, self.mask_id = block, topk, margins, mask_id
+        self.tops: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.proposals: list[Proposal] = []
+
+    def add(self, logits: torch.Tensor, proposal: Proposal) -> None:
+        if self.topk:
+            self.tops.append(topk_logprobs(logits, self.topk, self.mask_id))
+        if self.margins:
+            self.proposals.append(Proposal(proposal.tokens.cpu(), proposal.confidence.cpu(), proposal.token_margin.cpu()))
+
+    def trace(self, states: list[torch.Tensor]) -> BlockTrace:
+        proposals = tuple(self.proposals) if self.margins else None
+        if not self.tops:
+            return BlockTrace(self.block, torch.stack(states), proposals=proposals)
+        values, ids = zip(*self.tops, strict=True)
+        return BlockTrace(self.block, torch.stack(states), torch.stack(values), torch.stack(ids), proposals)  # [S, K, k]
 
 
-def _decode_block(target, state, start, block, lo, hi, config, drafter, request, lengths, clock, record_topk):
-    """Advance one block to `finished`.
-
-    Returns (the states after each step, the top-k of the logits behind each step, draft nodes verified).
-    """
+def _decode_block(target, state, start, block, lo, hi, config, drafter, request, lengths, clock, recorder):
+    """Advance one block to `finished`; returns (the states after each step, draft nodes verified)."""
     mask_id, eos = target.mask_id, target.eos_ids
     noise: dict[int, torch.Tensor | None] = {}
 
@@ -192,7 +209,7 @@ def _decode_block(target, state, start, block, lo, hi, config, drafter, request,
             noise[step] = gumbel(key, target.block_length, target.vocab_size, target.device)
         return noise[step]
 
-    states, tops, stale, stale_state, prior, nodes = [state], [], None, None, None, 0
+    states, stale, stale_state, prior, nodes = [state], None, None, None, 0
     while not finished(state, lo, hi, mask_id, eos):
         step = len(states) - 1
         tree = DraftTree.root_only(state)
@@ -210,11 +227,12 @@ def _decode_block(target, state, start, block, lo, hi, config, drafter, request,
         node, advanced = 0, 0
         while True:  # follow the target down the tree
             prior, stale, stale_state = stale, logits[node], tree.states[node]
-            state = next_state(stale_state.to(logits.device), stale, step_noise(step + advanced), config, mask_id).cpu()
+            state, proposal = decide(stale_state.to(logits.device), stale, step_noise(step + advanced), config, mask_id,
+                                     margins=recorder.margins)
+            state = state.cpu()
             advanced += 1
             states.append(state)
-            if record_topk:
-                tops.append(topk_logprobs(stale, record_topk, mask_id))
+            recorder.add(stale, proposal)
             if finished(state, lo, hi, mask_id, eos):
                 break
             match = torch.nonzero((tree.states == state).all(dim=1))
@@ -224,4 +242,4 @@ def _decode_block(target, state, start, block, lo, hi, config, drafter, request,
         lengths.append(advanced)
         if advanced == 1 and prior is not None and config.budget > 0:
             prior = prior.clone()  # a row of the previous forward's logits: keep the row, free the rest
-    return states, tops, nodes
+    return states, nodes

@@ -12,6 +12,7 @@ speculation lossless by construction. Shapes: K = block length, V = vocabulary.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -25,10 +26,14 @@ class Proposal:
 
     tokens: [K] int64, the sampled (or argmax) token per position.
     confidence: [K] float64, its probability under the filtered, temperature-scaled distribution.
+    token_margin: [K] float64, the token's lead over the runner-up in the ranking score, in logit
+        units (logits + T * noise, or logits at T = 0); inf where one token survives the filters.
+        Computed only on request (`propose(..., margins=True)`); None otherwise.
     """
 
     tokens: torch.Tensor
     confidence: torch.Tensor
+    token_margin: torch.Tensor | None = None
 
 
 def filtered_logits(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
@@ -54,20 +59,29 @@ def filtered_logits(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
     return z
 
 
-def propose(logits: torch.Tensor, gumbel: torch.Tensor | None, sampling: Sampling, mask_id: int) -> Proposal:
+def propose(
+    logits: torch.Tensor, gumbel: torch.Tensor | None, sampling: Sampling, mask_id: int, margins: bool = False
+) -> Proposal:
     """The token and confidence at every position of one state.
 
     Args:
         logits: [K, V] target logits for the state (any float dtype; computed in float64).
         gumbel: [K, V] float64 noise of this step, or None at temperature 0.
         mask_id: never sampled, so a committed position can never look masked.
+        margins: also return each token's lead over the runner-up (`Proposal.token_margin`).
     """
     z = logits.to(torch.float64)
     z[:, mask_id] = float("-inf")
     z = filtered_logits(z, sampling)
-    tokens = torch.argmax(z + gumbel if sampling.temperature > 0 else z, dim=-1)  # [K]
+    score = z + gumbel if sampling.temperature > 0 else z  # [K, V]
+    tokens = torch.argmax(score, dim=-1)  # [K]
     confidence = torch.softmax(z, dim=-1).gather(-1, tokens[:, None])[:, 0]  # [K]
-    return Proposal(tokens=tokens, confidence=confidence)
+    if not margins:
+        return Proposal(tokens=tokens, confidence=confidence)
+    best = score.gather(-1, tokens[:, None])[:, 0]  # [K]
+    runner_up = score.scatter(-1, tokens[:, None], float("-inf")).max(dim=-1).values  # [K]
+    scale = sampling.temperature if sampling.temperature > 0 else 1.0  # score units are logits / T
+    return Proposal(tokens=tokens, confidence=confidence, token_margin=(best - runner_up) * scale)
 
 
 def select(masked: torch.Tensor, confidence: torch.Tensor, config: DecodeConfig) -> torch.Tensor:
@@ -99,9 +113,73 @@ def next_state(
     Returns:
         [K] int64, `state` with the chosen positions committed.
     """
-    proposal = propose(logits, gumbel, config.sampling, mask_id)
+    return decide(state, logits, gumbel, config, mask_id)[0]
+
+
+def decide(
+    state: torch.Tensor,
+    logits: torch.Tensor,
+    gumbel: torch.Tensor | None,
+    config: DecodeConfig,
+    mask_id: int,
+    margins: bool = False,
+) -> tuple[torch.Tensor, Proposal]:
+    """`next_state`, and the proposal it was decided on (with token margins on request)."""
+    proposal = propose(logits, gumbel, config.sampling, mask_id, margins)
     chosen = select(state == mask_id, proposal.confidence, config)
-    return torch.where(chosen, proposal.tokens, state)
+    return torch.where(chosen, proposal.tokens, state), proposal
+
+
+@dataclass(frozen=True)
+class Margins:
+    """How near one draft-free step came to another outcome; each >= 0, and a small one is a near-tie.
+
+    position: log c(top-1) - log c(runner-up) over the masked positions (None with one masked):
+        which position the `single` rule, and the threshold rule's top-1, commits.
+    threshold: min |log c - log tau| over the masked positions besides the top-1 (`threshold` only):
+        whether a position clears tau.
+    token: min of the token's lead over the runner-up, in logit units (logits + T * noise), over the
+        committed positions at T = 0 and over every masked position at T > 0: which token a position
+        gets, and at T > 0 with it the confidence it is ranked by (the drawn token's probability jumps
+        when another token is drawn; at T = 0 the top probability moves smoothly).
+
+    If every logit can be off by at most `delta` (another kernel, another layout), a log-confidence
+    moves by at most 2 delta / T' (T' = T, or 1 at T = 0) and a token's lead by at most 2 delta, so
+    the step can come out otherwise only if one margin is within its `bounds`. (Not covered: a token
+    crossing the edge of the top-k / top-p set, which also moves the renormalised confidences.)
+    """
+
+    position: float | None
+    threshold: float | None
+    token: float
+
+    @classmethod
+    def of(cls, before: torch.Tensor, after: torch.Tensor, proposal: Proposal, config: DecodeConfig, mask_id: int) -> Margins:
+        """The margins of the step before -> after ([K] states), decided on `proposal` (with token margins)."""
+        masked = before == mask_id
+        committed = masked & (after != mask_id)
+        log_c = proposal.confidence.to(before.device).log().masked_fill(~masked, float("-inf"))  # [K]
+        ranked = torch.sort(log_c, descending=True).values
+        position = float(ranked[0] - ranked[1]) if int(masked.sum()) > 1 else None
+        threshold = None
+        if config.policy == "threshold":
+            others = masked.clone()
+            others[torch.argmax(log_c)] = False
+            if bool(others.any()):
+                threshold = float((log_c[others] - math.log(config.threshold)).abs().min())
+        decides_token = masked if config.sampling.temperature > 0 else committed
+        return cls(position, threshold, float(proposal.token_margin.to(before.device)[decides_token].min()))
+
+    def bounds(self, delta: float, temperature: float) -> Margins:
+        """The largest margin of each kind that a logit error of at most `delta` can overturn."""
+        scale = temperature if temperature > 0 else 1.0
+        return Margins(position=4 * delta / scale, threshold=2 * delta / scale, token=2 * delta)
+
+    def within(self, delta: float, temperature: float) -> bool:
+        """True if a logit error of at most `delta` could have changed this step: a numerics tie."""
+        bound = self.bounds(delta, temperature)
+        pairs = [(self.position, bound.position), (self.threshold, bound.threshold), (self.token, bound.token)]
+        return any(margin is not None and margin <= limit for margin, limit in pairs)
 
 
 def topk_logprobs(logits: torch.Tensor, k: int, mask_id: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -57,6 +57,8 @@ def _decode_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the tokenizer's chat template")
     p.add_argument("--json", action="store_true", help="print one JSON object (default: the text, then stats)")
     p.add_argument("--drafter", default=None, help="the method's checkpoint (.pt) or Spiffy graph (.json); default: the shipped one")
+    p.add_argument("--exact", action="store_true",
+                   help="verify each draft piece exactly as a one-piece forward: tokens equal draft-free bit for bit in any dtype")
 
 
 def _decode(args: argparse.Namespace) -> None:
@@ -78,6 +80,7 @@ def _decode(args: argparse.Namespace) -> None:
         chat=args.chat,
         device=args.device,
         drafter_path=args.drafter,
+        exact=args.exact,
     )
     if args.json:
         print(json.dumps(result))

@@ -41,8 +41,11 @@ def tiny_qwen3(seed: int = 0, vocab: int = VOCAB, hidden: int = 32, layers: int 
     return model
 
 
-def tiny_target(block_length: int = 16, seed: int = 0, eos_ids=frozenset({EOS_ID})) -> SDARTarget:
-    return SDARTarget(tiny_qwen3(seed), mask_id=MASK_ID, eos_ids=eos_ids, block_length=block_length)
+def tiny_target(
+    block_length: int = 16, seed: int = 0, eos_ids=frozenset({EOS_ID}), dtype: torch.dtype = torch.float32, exact: bool = False
+) -> SDARTarget:
+    model = tiny_qwen3(seed).to(dtype)
+    return SDARTarget(model, mask_id=MASK_ID, eos_ids=eos_ids, block_length=block_length, exact=exact)
 
 
 def write_checkpoint(path: Path, config_overrides: dict | None = None, tokenizer_vocab: int = 64) -> Path:

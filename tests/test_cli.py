@@ -39,6 +39,10 @@ def test_decode_prints_the_json_contract_and_methods_agree(checkpoint):
                     "--method", "oracle", "--budget", "8")
     assert oracle["token_ids"] == reference["token_ids"] and oracle["text"] == reference["text"]
     assert oracle["forwards"] < reference["forwards"]
+    exact = decode(checkpoint, "--temperature", "1.0", "--seed", "4", "--unmasking", "threshold", "--threshold", "0.5",
+                   "--method", "oracle", "--budget", "8", "--exact")
+    assert exact["exact"] is True and reference["exact"] is False
+    assert exact["token_ids"] == reference["token_ids"]  # fp32: the layouts agree on this tiny target
 
 
 @pytest.mark.parametrize(

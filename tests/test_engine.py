@@ -69,15 +69,21 @@ def assert_lossless(target, prompt, config, rotation: int):
     return reference
 
 
+# (dtype, exact layout): fp32 in both layouts; bf16 in the exact one (the packed layout's bf16 logits
+# move with the piece count, see tests/test_exactness.py).
+NUMERICS = [(torch.float32, False), (torch.float32, True), (torch.bfloat16, True)]
+
+
+@pytest.mark.parametrize("dtype, exact", NUMERICS, ids=["fp32", "fp32-exact", "bf16-exact"])
 @pytest.mark.parametrize("block_length, gen_length", [(16, 45), (32, 70)])
 @pytest.mark.parametrize("policy", ["single", "threshold"])
 @pytest.mark.parametrize("temperature", TEMPERATURES)
-def test_every_drafter_and_budget_reproduces_draft_free(block_length, gen_length, policy, temperature):
+def test_every_drafter_and_budget_reproduces_draft_free(block_length, gen_length, policy, temperature, dtype, exact):
     sampling = Sampling(temperature=temperature, top_k=20 if temperature == 0.7 else 0, top_p=0.9 if temperature == 2.0 else 1.0)
     config = DecodeConfig(
         policy=policy, threshold=0.6, block_length=block_length, gen_length=gen_length, sampling=sampling, seed=3
     )
-    target = tiny_target(block_length, seed=int(temperature * 10) + block_length, eos_ids=frozenset())
+    target = tiny_target(block_length, seed=int(temperature * 10) + block_length, eos_ids=frozenset(), dtype=dtype, exact=exact)
     prompt = prompt_ids(int(temperature * 100) + block_length, 21)
     rotation = TEMPERATURES.index(temperature) + (policy == "threshold") + block_length // 16
     reference = assert_lossless(target, prompt, config, rotation)
@@ -90,7 +96,7 @@ def test_every_drafter_and_budget_reproduces_draft_free(block_length, gen_length
     assert stopped.finish_reason == "eos" and stopped.token_ids == reference.token_ids[:index]
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=18, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     seed=st.integers(0, 10_000),
     prompt_length=st.integers(1, 40),
@@ -98,9 +104,11 @@ def test_every_drafter_and_budget_reproduces_draft_free(block_length, gen_length
     temperature=st.sampled_from(TEMPERATURES),
     policy=st.sampled_from(["single", "threshold"]),
     budget=st.sampled_from(BUDGETS),
+    numerics=st.sampled_from(NUMERICS),
 )
-def test_random_prompts_and_lengths_are_lossless(seed, prompt_length, gen_length, temperature, policy, budget):
-    target = tiny_target(16, seed=seed % 3)
+def test_random_prompts_and_lengths_are_lossless(seed, prompt_length, gen_length, temperature, policy, budget, numerics):
+    dtype, exact = numerics
+    target = tiny_target(16, seed=seed % 3, dtype=dtype, exact=exact)
     config = DecodeConfig(
         policy=policy, threshold=0.5, block_length=16, gen_length=gen_length, sampling=Sampling(temperature=temperature), seed=seed
     )

@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 import subprocess
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import pytest
@@ -15,9 +16,11 @@ from lm_eval.api.instance import Instance
 from mlflow import MlflowClient
 
 from spot import DecodeConfig, generate
+from spot.policy import Margins
 from spot_eval.harness.lm import SpotArgs, SpotLM
 from spot_eval.harness.lossless import diverge, first_difference
 from spot_eval.harness.methods import parse_methods
+from spot_eval.reports.regression import describe
 from spot_eval.reports.results import read_run
 
 REPO = Path(__file__).resolve().parents[1]
@@ -152,6 +155,8 @@ def test_the_cache_hook_sees_every_request_and_model_info_names_the_config(check
         ({"methods": "oracle@0"}, "budget must be >= 1"),
         ({"methods": "spot:/nowhere.pt"}, "does not exist"),
         ({"dtype": "int4"}, "unknown dtype"),
+        ({"exact": "ture"}, "model_arg exact='ture' is not a boolean; write exact=true or exact=false"),
+        ({"fail_on_divergence": "ture"}, "model_arg fail_on_divergence='ture' is not a boolean"),
     ],
 )
 def test_bad_model_args(checkpoint, overrides, message):
@@ -171,19 +176,42 @@ def test_method_items_expand_over_budgets():
     specs = parse_methods("oracle+random@2", "8+20")
     assert [s.label for s in specs] == ["oracle@8", "oracle@20", "random@2"]
     assert SpotArgs.parse({"reference": "False"}).reference is False
+    assert SpotArgs.parse({"exact": True}).exact is True and SpotArgs.parse({"exact": "no"}).exact is False
 
 
-def test_first_difference_and_the_margin_at_a_divergence(checkpoint):
+def test_first_difference_and_the_decision_that_flipped_at_a_divergence(checkpoint):
     assert first_difference((1, 2, 3), (1, 2, 3)) is None
     assert first_difference((1, 9, 3), (1, 2, 3)) == 1
     assert first_difference((1, 2), (1, 2, 3)) == 2
     lm = make_lm(checkpoint, methods="", budgets="")
-    ids = [1, 2, 3]
-    reference = generate(lm.target, ids, DecodeConfig(block_length=16, gen_length=20), record=True, record_topk=2)
-    assert diverge(reference.token_ids, reference, len(ids)) is None
-    wrong = (reference.token_ids[0], reference.token_ids[1] + 1, *reference.token_ids[2:])
-    d = diverge(wrong, reference, len(ids))
-    assert d.index == 1 and d.margin is not None and d.margin >= 0
+    ids, config = [1, 2, 3], DecodeConfig(block_length=16, gen_length=20)
+    reference = generate(lm.target, ids, config, record=True, record_margins=True)
+    mask = lm.target.mask_id
+    assert diverge(reference, reference, config, mask) is None
+    trace = reference.trajectory[0]
+    before, after, proposal = trace.states[2], trace.states[3], trace.proposals[2]
+    written = int((after != before).nonzero()[0])
+    elsewhere = int(((before == mask) & (torch.arange(16) != written)).nonzero()[-1])
+
+    def run_that_took(state: torch.Tensor):
+        """A run equal to draft-free up to step 2, which moved to `state` instead."""
+        states = torch.cat([trace.states[:3], state[None]])
+        tokens = tuple(t for t in state.tolist() if t != mask)[len(ids):]
+        return replace(reference, token_ids=tokens, trajectory=(replace(trace, states=states),))
+
+    # Another position committed, with the token the draft-free step proposed there: the position decision.
+    moved = before.clone()
+    moved[elsewhere] = proposal.tokens[elsewhere]
+    d = diverge(run_that_took(moved), reference, config, mask)
+    assert (d.block, d.step, d.flipped) == (trace.block, 2, "position")
+    log_c = proposal.confidence.log()
+    assert d.margin == pytest.approx(float(log_c[written] - log_c[elsewhere])) and d.margin >= d.margins.position >= 0
+    # The draft-free position with another token: the token decision, at that position's lead.
+    retoken = after.clone()
+    retoken[written] = (int(after[written]) + 1) % mask
+    d = diverge(run_that_took(retoken), reference, config, mask)
+    assert d.flipped == "token" and d.margin == float(proposal.token_margin[written])
+    assert "the token decision flipped" in describe(asdict(d))
 
 
 def test_a_divergence_is_logged_then_ends_the_run_naming_the_request(tmp_path):
@@ -194,10 +222,12 @@ def test_a_divergence_is_logged_then_ends_the_run_naming_the_request(tmp_path):
     def record(label: str, tokens: tuple[int, ...], divergence=None) -> MethodRecord:
         return MethodRecord(label, 0 if label == "draft_free" else 4, tokens, 5, 5, 1.0, 0.9, 0.0, (1,) * 5, divergence)
 
-    methods = [record("draft_free", (1, 2, 3)), record("spot", (1, 9, 3), Divergence(index=1, margin=0.002))]
+    margins = Margins(position=0.002, threshold=None, token=1.5)
+    methods = [record("draft_free", (1, 2, 3)), record("spot", (1, 9, 3), Divergence(1, 0, 4, "position", 0.002, margins))]
     session = Session(SpotArgs(fail_on_divergence=True), {}, NullTracker(), out_dir=tmp_path / "run")
     session.add(RequestRecord("spot_gsm8k", 7, 0, 123, "abc", "t1", methods))
-    with pytest.raises(SystemExit, match=r"spot_gsm8k doc 7 \(repeat 0\) spot@4: first divergent token 1, logit margin 0.002"):
+    with pytest.raises(SystemExit, match=r"spot_gsm8k doc 7 \(repeat 0\) spot@4: first divergent token 1; block 0 step 4: "
+                       r"the position decision flipped \(margin 0.002; the step's margins: position 0.002, token 1.5\)"):
         session.finish({"results": {}})
     rows = [json.loads(line) for line in (tmp_path / "run" / "samples.jsonl").open()]
     assert [r["lossless"] for r in rows] == [True, False]  # written before the run ended

@@ -1,9 +1,12 @@
 """The commit policies on literal inputs: no model, exact expected states."""
 
+import math
+
+import pytest
 import torch
 
 from spot.config import DecodeConfig, Sampling
-from spot.policy import filtered_logits, next_state, propose
+from spot.policy import Margins, Proposal, filtered_logits, next_state, propose
 
 M = 9  # mask id in these literal cases (vocabulary of 10)
 
@@ -71,3 +74,67 @@ def test_gumbel_noise_decides_the_token_at_positive_temperature():
     g[0, 7] = 5.0  # noise strong enough to beat the logit gap
     assert propose(logits, g, Sampling(temperature=1.0), M).tokens.tolist() == [7]
     assert propose(logits, g, Sampling(temperature=1.0, top_k=1), M).tokens.tolist() == [1]
+
+
+def test_the_token_margin_is_the_lead_in_logits_plus_scaled_noise():
+    logits = logits_for([(1, 3.0), (2, 0.5)])  # position 0: 3 over 0; position 1: 0.5 over 0
+    at_zero = propose(logits, None, Sampling(), M, margins=True)
+    assert at_zero.token_margin.tolist() == [3.0, 0.5]
+    assert propose(logits, None, Sampling(), M).token_margin is None  # only on request
+    noise = torch.zeros(2, 10, dtype=torch.float64)
+    noise[1, 7] = 2.0  # at T = 0.5 token 7 scores 0 / 0.5 + 2 = 2 against token 2's 0.5 / 0.5 = 1
+    sampled = propose(logits, noise, Sampling(temperature=0.5), M, margins=True)
+    assert sampled.tokens.tolist() == [1, 7]
+    assert sampled.token_margin.tolist() == [3.0, 0.5]  # lead (6 - 0, 2 - 1) in score units, times T
+
+
+def confidences(values, margins):
+    """A Proposal with literal confidences and token margins (tokens are not read by Margins)."""
+    return Proposal(torch.zeros(len(values), dtype=torch.long), torch.tensor(values, dtype=torch.float64),
+                    torch.tensor(margins, dtype=torch.float64))
+
+
+def test_margins_of_a_step_on_literal_confidences():
+    before = torch.tensor([M, M, M, 7])
+    proposal = confidences([0.5, 0.2, 0.3, 0.9], [1.0, 2.0, 3.0, 4.0])  # position 3 is committed already
+    single = Margins.of(before, torch.tensor([4, M, M, 7]), proposal, DecodeConfig(), M)
+    assert single.position == pytest.approx(math.log(0.5 / 0.3)) and single.threshold is None and single.token == 1.0
+    config = DecodeConfig(policy="threshold", threshold=0.25)
+    both = Margins.of(before, torch.tensor([4, M, 6, 7]), proposal, config, M)
+    # tau = 0.25: position 2 (0.3) is the nearest of the non-top-1 positions, then position 1 (0.2)
+    assert both.threshold == pytest.approx(math.log(0.3 / 0.25)) and both.token == 1.0
+    assert Margins.of(torch.tensor([M, 5, 5, 7]), torch.tensor([4, 5, 5, 7]), proposal, config, M) == Margins(None, None, 1.0)
+
+
+def test_a_logit_error_flips_only_decisions_within_the_bounds():
+    bounds = Margins(None, None, 0.0).bounds(delta=0.1, temperature=0.0)
+    assert (bounds.position, bounds.threshold, bounds.token) == pytest.approx((0.4, 0.2, 0.2))
+    assert Margins(None, None, 0.0).bounds(0.1, temperature=2.0).position == pytest.approx(0.2)
+    assert Margins(position=0.39, threshold=None, token=5.0).within(0.1, 0.0)
+    assert not Margins(position=0.41, threshold=0.21, token=0.21).within(0.1, 0.0)
+    assert Margins(position=None, threshold=0.19, token=5.0).within(0.1, 0.0)
+
+
+@pytest.mark.parametrize("policy", ["single", "threshold"])
+@pytest.mark.parametrize("temperature", [0.0, 0.7, 1.5])
+def test_every_step_that_a_small_logit_error_flips_was_within_its_bounds(policy, temperature):
+    """The soundness of Margins.bounds: perturb every logit by at most delta; whenever the step's outcome
+    changes, the unperturbed step's margins say it could (`within`)."""
+    g = torch.Generator().manual_seed(7)
+    delta, flips = 0.3, 0
+    config = DecodeConfig(policy=policy, threshold=0.3, sampling=Sampling(temperature=temperature))
+    for _ in range(1000):
+        logits = 2 * torch.randn(6, 10, generator=g, dtype=torch.float64)
+        state = torch.where(torch.rand(6, generator=g) < 0.7, M, 5)
+        state[0] = M
+        noise = None
+        if temperature > 0:
+            noise = -torch.log(-torch.log(torch.rand(6, 10, generator=g, dtype=torch.float64)))
+        error = (2 * torch.rand(6, 10, generator=g, dtype=torch.float64) - 1) * delta
+        after = next_state(state, logits, noise, config, M)
+        if torch.equal(next_state(state, logits + error, noise, config, M), after):
+            continue
+        flips += 1
+        proposal = propose(logits, noise, config.sampling, M, margins=True)
+        assert Margins.of(state, after, proposal, config, M).within(delta, temperature)
+    assert flips > 10  # the perturbation is large enough to test something

@@ -14,10 +14,15 @@ from spot_eval.reports.results import Bundle, ResultsError, check_settings, comb
 SETTINGS = {"target": "tiny", "block_length": 32, "gen_length": 256}
 
 
+# A divergence as samples.jsonl holds it (spot_eval.harness.lossless.Divergence).
+DIVERGENCE = {"index": 3, "block": 1, "step": 4, "flipped": "position", "margin": 2.5,
+              "margins": {"position": 2.5, "threshold": None, "token": 4.0}}
+
+
 def sample(task, doc, label, forwards, seconds, seed=0, temperature=0.0, lossless=True):
     return {"temperature": temperature, "seed": seed, "task": task, "doc_id": doc, "repeat": 0, "label": label,
             "tokens": 100, "forwards": forwards, "seconds": seconds, "drafter_seconds": 0.1 * seconds,
-            "accepted_lengths": [1, 2], "lossless": lossless, "divergence": None if lossless else {"index": 3, "margin": 2.5}}
+            "accepted_lengths": [1, 2], "lossless": lossless, "divergence": None if lossless else DIVERGENCE}
 
 
 def bundle(spot_forwards=20, spot_seconds=2.0, lossless=True, right=(1, 1, 1, 1, 0, 0), seed=0):
@@ -68,7 +73,8 @@ def test_a_baseline_without_shared_requests_compares_nothing():
 
 def test_divergences_need_no_baseline_and_name_the_request():
     [finding] = find_regressions(bundle(lossless=False), None, Tolerances())
-    assert finding.where == "T=0 seed 0 gsm8k spot@8" and "first doc 0" in finding.detail and "2.5" in finding.detail
+    assert finding.where == "T=0 seed 0 gsm8k spot@8" and "first doc 0" in finding.detail
+    assert "block 1 step 4: the position decision flipped (margin 2.5; the step's margins: position 2.5, token 4)" in finding.detail
 
 
 def test_tolerances_are_validated():

@@ -12,6 +12,12 @@ explicit 4D boolean mask argument (True = may attend):
 KV has not been computed yet: appending them rides along with the next verify forward instead of
 costing a forward of its own. The KV of the pieces is never kept: after each forward the cache is
 cropped back to the completed blocks.
+
+With `exact=True` the same rows go through the model, but attention follows `PieceLayout`
+(spot.targets.attention): each piece attends to exactly what it may see, in a batch of its own, so
+its logits equal those of a one-piece forward of its state bit for bit, in any dtype. Without it,
+the masked-out pieces still take part in the attention kernel's reductions, and a state's logits
+move by rounding with the piece count (bench/verify_exactness.py).
 """
 
 from __future__ import annotations
@@ -24,6 +30,8 @@ from pathlib import Path
 
 import torch
 from transformers import AutoTokenizer, DynamicCache, PreTrainedTokenizerBase, Qwen3Config, Qwen3ForCausalLM
+
+from spot.targets.attention import PIECES, PieceLayout
 
 # Fields of SDAR's config.json that only its remote code reads.
 SAFE_FRACTION = 0.5  # of the free memory one verify may plan to use: the estimate leaves out temporaries
@@ -97,9 +105,13 @@ class SDARTarget:
         block_length: int,
         tokenizer: PreTrainedTokenizerBase | None = None,
         name: str = "",
+        exact: bool = False,
     ) -> None:
         if block_length < 1:
             raise ValueError(f"block_length must be >= 1, got {block_length}")
+        self.exact = exact
+        if exact:
+            model.set_attn_implementation(PIECES)
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.name = name
@@ -122,8 +134,11 @@ class SDARTarget:
         dtype: torch.dtype = torch.float32,
         attn_implementation: str = "sdpa",
         trust_remote_code: bool = False,
+        exact: bool = False,
     ) -> SDARTarget:
-        """Load a local SDAR-style checkpoint directory (weights, tokenizer, ids, block size)."""
+        """Load a local SDAR-style checkpoint directory (weights, tokenizer, ids, block size).
+
+        exact: verify in the per-piece layout (the class docstring), whatever `attn_implementation` says."""
         if block_length is not None and block_length < 1:
             raise ValueError(f"block_length must be >= 1, got {block_length}")
         config, info = read_checkpoint(path)
@@ -143,7 +158,7 @@ class SDARTarget:
         model = Qwen3ForCausalLM.from_pretrained(
             str(path), config=config, dtype=dtype, attn_implementation=attn_implementation
         ).to(device)
-        return cls(model, info.mask_id, info.eos_ids, block_length, tokenizer=tokenizer, name=str(path))
+        return cls(model, info.mask_id, info.eos_ids, block_length, tokenizer=tokenizer, name=str(path), exact=exact)
 
     # -- the Target protocol ----------------------------------------------------------------------
 
@@ -169,9 +184,12 @@ class SDARTarget:
         positions = torch.cat(
             [torch.arange(cached, start, device=self.device), torch.arange(start, start + k, device=self.device).repeat(n_pieces)]
         )[None]  # [1, Lp + P*K]
-        mask = self._mask(cached, n_pending, n_pieces)  # [1, 1, Lp + P*K, cached + Lp + P*K]
+        if self.exact:
+            attention = {"full_attention": PieceLayout(cached, n_pending, n_pieces, k, self._pending_mask(cached, n_pending))}
+        else:
+            attention = self._mask(cached, n_pending, n_pieces)  # [1, 1, Lp + P*K, cached + Lp + P*K]
         hidden = self.model.model(
-            input_ids=input_ids, position_ids=positions, attention_mask=mask, cache=self._cache, use_cache=True
+            input_ids=input_ids, position_ids=positions, attention_mask=attention, cache=self._cache, use_cache=True
         ).last_hidden_state  # [1, Lp + P*K, d]
         logits = self.model.lm_head(hidden[0, n_pending:]).view(n_pieces, k, -1)  # [P, K, V]
         self._cache.crop(-(n_pieces * k))  # keep the completed blocks only
@@ -202,17 +220,26 @@ class SDARTarget:
         except (OSError, StopIteration):
             return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
+    def _pending_mask(self, cached: int, n_pending: int) -> torch.Tensor | None:
+        """[Lp, cached + Lp]: a pending row sees the cache and the pending rows of its own or an earlier block."""
+        if n_pending == 0:
+            return None
+        block = torch.arange(cached, cached + n_pending, device=self.device) // self.block_length  # [Lp]
+        cache_visible = torch.ones(n_pending, cached, dtype=torch.bool, device=self.device)
+        return torch.cat([cache_visible, block[None, :] <= block[:, None]], dim=1)
+
     def _mask(self, cached: int, n_pending: int, n_pieces: int) -> torch.Tensor:
-        k = self.block_length
-        q = n_pending + n_pieces * k
-        # Group id per query row: pending rows by absolute block, piece rows by -(r + 1).
-        pending_block = torch.arange(cached, cached + n_pending, device=self.device) // k  # [Lp]
-        piece_id = -1 - torch.arange(n_pieces, device=self.device).repeat_interleave(k)  # [P*K]
-        group = torch.cat([pending_block, piece_id])  # [q]
-        is_piece = group < 0
-        pending_visible = (
-            is_piece[:, None] | (pending_block[None, :] <= group[:, None])  # block-causal among pending rows
-        )  # [q, Lp]
-        piece_visible = group[:, None] == piece_id[None, :]  # [q, P*K]: a piece sees only itself
-        cache_visible = torch.ones(q, cached, dtype=torch.bool, device=self.device)
-        return torch.cat([cache_visible, pending_visible, piece_visible], dim=1)[None, None]
+        """[1, 1, Lp + P*K, cached + Lp + P*K], the packed layout: pending rows as `_pending_mask`;
+        piece rows see the cache, the whole pending prefix and their own piece, never another piece."""
+        n = n_pieces * self.block_length
+        piece_id = torch.arange(n_pieces, device=self.device).repeat_interleave(self.block_length)  # [P*K]
+        piece_rows = torch.cat(
+            [torch.ones(n, cached + n_pending, dtype=torch.bool, device=self.device), piece_id[:, None] == piece_id[None, :]],
+            dim=1,
+        )  # [P*K, cached + Lp + P*K]
+        if n_pending == 0:
+            return piece_rows[None, None]
+        pending_rows = torch.cat(
+            [self._pending_mask(cached, n_pending), torch.zeros(n_pending, n, dtype=torch.bool, device=self.device)], dim=1
+        )  # [Lp, cached + Lp + P*K]
+        return torch.cat([pending_rows, piece_rows])[None, None]

@@ -10,11 +10,11 @@ from spot.targets import SDARTarget
 from spot_eval.checkpoints.fingerprint import weights_digest
 
 
-def load_target(path: str | Path, block_length: int | None, device: str = "cpu") -> SDARTarget:
+def load_target(path: str | Path, block_length: int | None, device: str = "cpu", exact: bool = False) -> SDARTarget:
     if not Path(path).is_dir():
         raise FileNotFoundError(f"target {path} is not a directory; pass --target PATH to a model directory")
     dtype = torch.float32 if str(device).startswith("cpu") else torch.bfloat16
-    return SDARTarget.from_pretrained(path, block_length=block_length, device=device, dtype=dtype)
+    return SDARTarget.from_pretrained(path, block_length=block_length, device=device, dtype=dtype, exact=exact)
 
 
 def encode_prompt(target: SDARTarget, prompt: str, chat: bool) -> list[int]:

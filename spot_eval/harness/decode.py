@@ -28,9 +28,11 @@ def decode_prompt(
     chat: bool,
     device: str = "cpu",
     drafter_path: str | None = None,
+    exact: bool = False,
 ) -> dict:
     """drafter_path: the method's checkpoint or graph (default: the one shipped for the block
-    length). With spiffy the budget is D*, the nodes kept by Spiffy's online pruning."""
+    length). With spiffy the budget is D*, the nodes kept by Spiffy's online pruning. exact: verify
+    in the per-piece layout (spot.targets.attention)."""
     if method != DRAFT_FREE and method not in KNOWN:
         raise ValueError(f"unknown method {method!r}; choose {DRAFT_FREE} or one of {', '.join(KNOWN)}")
     if method == DRAFT_FREE and (budget or drafter_path):
@@ -40,7 +42,7 @@ def decode_prompt(
     sampling = Sampling(temperature=temperature, top_k=top_k, top_p=top_p)
     # Validate the settings before loading weights.
     DecodeConfig(policy=policy, threshold=threshold, gen_length=gen_length, sampling=sampling, seed=seed, budget=budget)
-    model = load_target(target, block_length, device)
+    model = load_target(target, block_length, device, exact)
     config = DecodeConfig(
         policy=policy,
         threshold=threshold,
@@ -76,4 +78,5 @@ def decode_prompt(
         "accepted_lengths": list(s.accepted_lengths),
         "prompt_tokens": len(ids),
         "block_length": model.block_length,
+        "exact": exact,
     }

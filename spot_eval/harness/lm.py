@@ -27,11 +27,15 @@ from spot_eval.harness.methods import MethodSpec, build_drafter, parse_methods
 from spot_eval.harness.session import RequestRecord, Session
 from spot_eval.tracking.writer import TrackingConfig, open_tracker
 
+TRUE, FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
-def _flag(value: object) -> bool:
-    if isinstance(value, str):
-        return value.strip().lower() in ("1", "true", "yes", "on")
-    return bool(value)
+
+def _flag(name: str, value: object) -> bool:
+    """A boolean model_arg: true/false, 1/0, yes/no, on/off (any case); anything else is refused."""
+    text = str(value).strip().lower()
+    if text in TRUE or text in FALSE:
+        return text in TRUE
+    raise ValueError(f"model_arg {name}={value!r} is not a boolean; write {name}=true or {name}=false")
 
 
 @dataclass(frozen=True)
@@ -53,6 +57,7 @@ class SpotArgs:
     fail_on_divergence: bool = True
     device: str = "cuda:0"
     dtype: str = "auto"
+    exact: bool = False  # verify in the per-piece layout: speculative tokens equal draft-free bit for bit in any dtype
     mlflow_tracking_uri: str | None = None
     mlflow_experiment: str = "spot-eval"
     output_dir: str | None = None  # the run directory (default: spot-eval-runs/<time>)
@@ -67,9 +72,9 @@ class SpotArgs:
             ) else ""
             raise ValueError(f"unknown model_args {', '.join(unknown)}{hint}; known: {', '.join(sorted(known))}")
         values = {k: v for k, v in kwargs.items() if v is not None}
-        for name in ("reference", "fail_on_divergence"):
+        for name in ("reference", "fail_on_divergence", "exact"):
             if name in values:
-                values[name] = _flag(values[name])
+                values[name] = _flag(name, values[name])
         return cls(**values)
 
 
@@ -93,7 +98,9 @@ class SpotLM(LM):
                  "bfloat16": torch.bfloat16, "float16": torch.float16}.get(self.args.dtype)
         if dtype is None:
             raise ValueError(f"unknown dtype {self.args.dtype!r}; choose auto, float32, bfloat16 or float16")
-        self.target = SDARTarget.from_pretrained(self.args.pretrained, self.args.block_length, device=device, dtype=dtype)
+        self.target = SDARTarget.from_pretrained(
+            self.args.pretrained, self.args.block_length, device=device, dtype=dtype, exact=self.args.exact
+        )
         self.config = DecodeConfig(
             policy=self.args.unmasking,
             threshold=self.args.threshold,
@@ -161,7 +168,9 @@ class SpotLM(LM):
         store = getattr(cache_hook, "dbdict", None)
         if store is None:
             return
-        stamp = json.dumps({"target": self.target.name, "decoder": _config_dict(self.config)}, sort_keys=True)
+        stamp = json.dumps(
+            {"target": self.target.name, "decoder": _config_dict(self.config), "exact": self.args.exact}, sort_keys=True
+        )
         found = store.get(CACHE_STAMP)
         if found is None:
             store[CACHE_STAMP] = stamp
@@ -209,15 +218,16 @@ class SpotLM(LM):
         tokenizer = self.target.tokenizer
         ids = tokenizer(context, add_special_tokens=False)["input_ids"]
         decode = tokenizer.decode
-        reference = generate(self.target, ids, config, request=request, decode=decode, record=True, record_topk=2)
-        methods = [MethodRecord.of("draft_free", 0, reference, reference, len(ids))]
+        reference = generate(self.target, ids, config, request=request, decode=decode, record=True, record_margins=True)
+        mask_id = self.target.mask_id
+        methods = [MethodRecord.of("draft_free", 0, reference, reference, config, mask_id)]
         for spec in self.specs:
             drafter = self._drafters.get(spec.label) or build_drafter(spec, self.target, config.policy, reference)
             got = generate(
                 self.target, ids, replace(config, budget=spec.budget),
-                drafter=drafter, request=request, decode=decode,
+                drafter=drafter, request=request, decode=decode, record=True,
             )
-            methods.append(MethodRecord.of(spec.name, spec.budget, got, reference, len(ids)))
+            methods.append(MethodRecord.of(spec.name, spec.budget, got, reference, config, mask_id))
         record = RequestRecord(
             task=req.task_name, doc_id=req.doc_id, repeat=repeat, request=request,
             prompt_sha256=hashlib.sha256(context.encode()).hexdigest()[:16], text=reference.text, methods=methods,

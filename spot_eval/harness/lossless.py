@@ -1,22 +1,32 @@
 """The losslessness diff: each method's tokens against the draft-free tokens of the same request.
 
-A divergence is a bug until shown to be a numerics tie, so each one carries the index of the first
-divergent token and the target's logit margin (top-1 minus top-2) at the step where the draft-free
-run committed that position: a margin near 0 is a near-tie that another kernel may flip; a wide
-margin is a bug.
+A divergence is a bug until shown to be a numerics tie. So each one names the first step whose
+outcome differs (both runs took it from the same state, with the same noise), which of that step's
+decisions went the other way (the token at a committed position, the position the rule picks, or a
+position crossing tau), and how near that decision was in the draft-free run (`spot.policy.Margins`).
+A layout whose logits are off by at most delta can only flip a decision within `Margins.bounds`
+(README, "Exactness"); a divergence beyond them is a bug.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
-from spot import Generation
+import torch
+
+from spot import DecodeConfig, Generation
+from spot.policy import Margins, Proposal
 
 
 @dataclass(frozen=True)
 class Divergence:
     index: int  # first output token that differs
-    margin: float | None  # top-1 minus top-2 logit at the draft-free step that wrote it (None past its end)
+    block: int | None  # the first step whose outcome differs: its block, and the step within the block
+    step: int | None
+    flipped: str | None  # "token" | "position" | "threshold": the decision of that step that went otherwise
+    margin: float | None  # how near that decision was in the draft-free run (`flip`)
+    margins: Margins | None  # the step's margins in the draft-free run: `margins.within(delta, T)` says tie
 
 
 @dataclass(frozen=True)
@@ -41,11 +51,12 @@ class MethodRecord:
         return self.divergence is None
 
     @classmethod
-    def of(cls, method: str, budget: int, got: Generation, reference: Generation, n_prompt: int) -> MethodRecord:
+    def of(cls, method: str, budget: int, got: Generation, reference: Generation, config: DecodeConfig, mask_id: int) -> MethodRecord:
+        """`got` and `reference` with their trajectories (record=True; the reference with record_margins=True)."""
         s = got.stats
         return cls(
             method, budget, got.token_ids, s.forwards, s.steps, s.seconds, s.target_seconds, s.drafter_seconds,
-            s.accepted_lengths, diverge(got.token_ids, reference, n_prompt),
+            s.accepted_lengths, diverge(got, reference, config, mask_id),
         )
 
 
@@ -56,24 +67,47 @@ def first_difference(a: tuple[int, ...], b: tuple[int, ...]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
-def diverge(tokens: tuple[int, ...], reference: Generation, n_prompt: int) -> Divergence | None:
-    """None when identical; else where, and the margin there (needs reference record_topk >= 2)."""
-    index = first_difference(tokens, reference.token_ids)
+def diverge(got: Generation, reference: Generation, config: DecodeConfig, mask_id: int) -> Divergence | None:
+    """None when the tokens are identical; else where they part, and the decision that parted them.
+
+    Both runs carry their trajectories (record=True), the reference its proposals (record_margins=True)."""
+    index = first_difference(got.token_ids, reference.token_ids)
     if index is None:
         return None
-    return Divergence(index=index, margin=_margin(reference, n_prompt + index))
+    for ref, mine in zip(reference.trajectory or (), got.trajectory or (), strict=False):
+        for s in range(1, min(len(ref.states), len(mine.states))):
+            if not torch.equal(ref.states[s], mine.states[s]):
+                before, after, other = ref.states[s - 1], ref.states[s], mine.states[s]
+                if ref.proposals is None:
+                    return Divergence(index, ref.block, s - 1, None, None, None)
+                proposal = ref.proposals[s - 1]
+                kind, margin = flip(before, after, other, proposal, config, mask_id)
+                return Divergence(index, ref.block, s - 1, kind, margin, Margins.of(before, after, proposal, config, mask_id))
+    return Divergence(index, None, None, None, None, None)
 
 
-def _margin(reference: Generation, position: int) -> float | None:
-    for trace in reference.trajectory or ():
-        k = trace.states.shape[1]
-        if trace.block != position // k or trace.topk_logprobs is None:
-            continue
-        column = trace.states[:, position % k]  # [S + 1]
-        written = (column[1:] != column[:-1]).nonzero()
-        if written.numel() == 0:
-            return None
-        step = int(written[0])
-        top = trace.topk_logprobs[step, position % k]  # [k] log-softmax: differences are logit differences
-        return float(top[0] - top[1])
-    return None
+def flip(
+    before: torch.Tensor, after: torch.Tensor, other: torch.Tensor, proposal: Proposal, config: DecodeConfig, mask_id: int
+) -> tuple[str, float]:
+    """Which decision took `before` ([K]) to `other` instead of the draft-free `after`, and its margin
+    in the draft-free run (`proposal`, what `after` was decided on):
+
+    "token": `other` wrote a token the draft-free step did not propose there; margin: that token's
+        lead (the smallest, if several).
+    "threshold" (threshold policy, one committed set inside the other): a position crossed tau;
+        margin: |log c - log tau| of the nearest such position.
+    "position": another position came out on top; margin: log c(draft-free pick) - log c(the other's).
+    """
+    masked = before == mask_id
+    ours, theirs = masked & (after != mask_id), masked & (other != mask_id)
+    retoken = theirs & (other != proposal.tokens)
+    if bool(retoken.any()):
+        return "token", float(proposal.token_margin[retoken].min())
+    log_c = proposal.confidence.log()
+    crossed = ours ^ theirs
+    nested = not bool((ours & ~theirs).any()) or not bool((theirs & ~ours).any())
+    if config.policy == "threshold" and nested:
+        return "threshold", float((log_c[crossed] - math.log(config.threshold)).abs().min())
+    pick = int(torch.argmax(log_c.masked_fill(~masked, float("-inf"))))
+    return "position", float(log_c[pick] - log_c[theirs & ~ours].max())
+

@@ -24,6 +24,7 @@ import pandas as pd
 
 from spot_eval.harness.lossless import MethodRecord
 from spot_eval.reports.plots import accepted_histogram, throughput_bars
+from spot_eval.reports.regression import describe
 from spot_eval.reports.results import summarize
 from spot_eval.tracking.writer import Tracker, safe_name
 
@@ -86,8 +87,7 @@ class Session:
 
     def divergences(self) -> list[dict]:
         return [
-            {"task": r.task, "doc_id": r.doc_id, "repeat": r.repeat, "method": m.label,
-             "index": m.divergence.index, "margin": m.divergence.margin}
+            {"task": r.task, "doc_id": r.doc_id, "repeat": r.repeat, "method": m.label, **asdict(m.divergence)}
             for r in self.records for m in r.methods if m.divergence is not None
         ]
 
@@ -129,8 +129,7 @@ class Session:
         bad = self.divergences()
         self.tracker.end("FAILED" if bad and self.args.fail_on_divergence else "FINISHED")
         if bad and self.args.fail_on_divergence:
-            lines = [f"  {d['task']} doc {d['doc_id']} (repeat {d['repeat']}) {d['method']}: first divergent token "
-                     f"{d['index']}, logit margin {d['margin']}" for d in bad]
+            lines = [f"  {d['task']} doc {d['doc_id']} (repeat {d['repeat']}) {d['method']}: {describe(d)}" for d in bad]
             raise SystemExit("spot-eval: outputs diverged from draft-free decoding:\n" + "\n".join(lines))
 
     def _log(self, table: pd.DataFrame, results: dict | None) -> None:

@@ -59,7 +59,7 @@ def divergences(new: Bundle) -> list[Finding]:
         first = rows.iloc[0]
         out.append(Finding("divergence", f"{_t(temperature)} seed {seed} {task} {label}",
                            f"{len(rows)} request(s) differ from draft-free, first doc {first['doc_id']} "
-                           f"(divergence {first.get('divergence')})"))
+                           f"({describe(first.get('divergence') or {})})"))
     return out
 
 
@@ -138,3 +138,13 @@ def find_regressions(new: Bundle, base: Bundle | None, tolerances: Tolerances) -
     findings += accuracy_changes(new, base, tolerances.accuracy_p)[0]
     findings += performance_changes(method_table(new, base), tolerances)
     return findings
+
+
+def describe(divergence: dict) -> str:
+    """One line for a divergence (a samples.jsonl row's `divergence`): where, which decision flipped, and how near it was."""
+    text = f"first divergent token {divergence.get('index')}"
+    if divergence.get("flipped") is None or divergence.get("margin") is None:
+        return text
+    margins = ", ".join(f"{k} {v:.3g}" for k, v in (divergence.get("margins") or {}).items() if v is not None)
+    return (f"{text}; block {divergence['block']} step {divergence['step']}: the {divergence['flipped']} decision "
+            f"flipped (margin {divergence['margin']:.3g}; the step's margins: {margins})")

@@ -1,0 +1,87 @@
+"""Per-piece attention: the exact verify layout, where a piece's logits do not depend on the other pieces.
+
+In the packed layout (spot.targets.sdar) all pieces share one sequence, and a 4D mask hides the
+other pieces from each one. The hidden keys still pass through the attention kernel's blocked
+reductions, so a state's logits move with the number of pieces and its slot among them (up to
+1.3e-5 in fp32 and 0.125 in bf16 on the embedded target: bench/verify_exactness.py). A near-tie
+then flips, and a speculative method writes other tokens than draft-free decoding.
+
+Here every query attends to exactly the keys it may see, with nothing masked beside them: the
+rows of piece r to [cache | pending prefix | piece r], all P pieces in one batched call; the
+pending rows to [cache | pending] under their block-causal mask. Each piece thus runs the very
+computation a one-piece forward of its state runs. The rest of the network treats every token
+row alike, provided a linear layer's output row does not depend on how many rows the matrix has:
+true of the CPU kernels measured here (bf16 at any row count, fp32 from 4 rows, so from block
+length 4); on CUDA, cuBLAS picks its kernel by shape, so there it takes batch-invariant matmuls
+(README, "Exactness").
+
+The layout reaches the model as its `attention_mask` argument (a `PieceLayout` where transformers
+would pass a mask tensor), and `piece_attention` is registered with transformers as the attention
+implementation `PIECES`. Given a mask tensor it is transformers' SDPA attention, so one model serves
+an exact and a packed target alike.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+PIECES = "spot_pieces"
+
+
+@dataclass(frozen=True)
+class PieceLayout:
+    """The rows of one verify forward: `pending` rows of completed blocks, then `pieces` x `block` rows.
+
+    pending_mask: [pending, cached + pending] bool, block-causal among the pending rows (None without them).
+    """
+
+    cached: int
+    pending: int
+    pieces: int
+    block: int
+    pending_mask: torch.Tensor | None
+
+
+def piece_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: PieceLayout | torch.Tensor | None,
+    scaling: float | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """transformers' attention-function contract: query [1, H, q, d], key/value [1, Hkv, cached + q, d]
+    (the cache already updated) -> ([1, q, H, d], no weights)."""
+    layout = attention_mask
+    if not isinstance(layout, PieceLayout):  # the packed layout's mask tensor
+        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
+    heads, dim = query.shape[1], query.shape[-1]
+    groups = heads // key.shape[1]
+    key = key.repeat_interleave(groups, dim=1)  # [1, H, cached + q, d]: grouped-query heads, as repeat_kv
+    value = value.repeat_interleave(groups, dim=1)
+    prefix = layout.cached + layout.pending
+    p, k = layout.pieces, layout.block
+
+    def per_piece(x: torch.Tensor) -> torch.Tensor:  # [1, H, L, d] -> [P, H, prefix + K, d]
+        own = x[0, :, prefix:].reshape(heads, p, k, dim).transpose(0, 1)  # [P, H, K, d]
+        return torch.cat([x[:, :, :prefix].expand(p, heads, prefix, dim), own], dim=2)
+
+    q = query[0, :, layout.pending:].reshape(heads, p, k, dim).transpose(0, 1).contiguous()  # [P, H, K, d]
+    out = F.scaled_dot_product_attention(q, per_piece(key), per_piece(value), scale=scaling)  # [P, H, K, d]
+    out = out.transpose(0, 1).reshape(1, heads, p * k, dim)  # [1, H, P*K, d]
+    if layout.pending:
+        rows = F.scaled_dot_product_attention(
+            query[:, :, : layout.pending], key[:, :, :prefix], value[:, :, :prefix],
+            attn_mask=layout.pending_mask, scale=scaling,
+        )  # [1, H, Lp, d]
+        out = torch.cat([rows, out], dim=2)
+    return out.transpose(1, 2).contiguous(), None
+
+
+AttentionInterface.register(PIECES, piece_attention)
