@@ -7,9 +7,22 @@ bad input fails with a message that names the field and the fix, before any tens
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 POLICIES = ("single", "threshold")
+SEED_LIMIT = 2**32  # the noise key mixes the seed as one 32-bit word (spot.noise): larger seeds would alias
+
+
+def _whole(name: str, value: object) -> None:
+    """Integers only: a float (16.5, or lm-eval's 8.0) or a bool in an integer field is refused by name."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name} must be a whole number, got {value!r}")
+
+
+def _finite(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -26,6 +39,9 @@ class Sampling:
     top_p: float = 1.0
 
     def __post_init__(self) -> None:
+        _finite("temperature", self.temperature)
+        _whole("top_k", self.top_k)
+        _finite("top_p", self.top_p)
         if not self.temperature >= 0:
             raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
         if self.top_k < 0:
@@ -60,6 +76,9 @@ class DecodeConfig:
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
             raise ValueError(f"unknown unmasking policy {self.policy!r}; choose one of {', '.join(POLICIES)}")
+        _finite("threshold", self.threshold)
+        for name in ("block_length", "gen_length", "seed", "budget"):
+            _whole(name, getattr(self, name))
         if not 0.0 < self.threshold <= 1.0:
             raise ValueError(f"threshold must be in (0, 1], got {self.threshold}")
         if self.block_length < 1:
@@ -68,5 +87,5 @@ class DecodeConfig:
             raise ValueError(f"gen_length must be >= 1, got {self.gen_length}")
         if self.budget < 0:
             raise ValueError(f"budget must be >= 0 (0 = draft-free decoding), got {self.budget}")
-        if self.seed < 0:
-            raise ValueError(f"seed must be >= 0, got {self.seed}")
+        if not 0 <= self.seed < SEED_LIMIT:
+            raise ValueError(f"seed must be in [0, 2**32), got {self.seed}: the noise key holds 32 bits of it")

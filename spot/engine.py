@@ -223,6 +223,11 @@ def _decode_block(target, state, start, block, lo, hi, config, drafter, request,
         t = time.perf_counter()
         logits = target.verify(tree.states, start)  # [N + 1, K, V]
         clock.target += time.perf_counter() - t
+        if not bool(torch.isfinite(logits).all()):
+            raise RuntimeError(
+                f"the target's forward {target.forwards} (request {request}, block {block}, step {step}) returned "
+                "non-finite logits: check the weights and the dtype (fp16 can overflow; try bfloat16 or float32)"
+            )
         nodes += tree.size
         node, advanced = 0, 0
         while True:  # follow the target down the tree
@@ -230,6 +235,11 @@ def _decode_block(target, state, start, block, lo, hi, config, drafter, request,
             state, proposal = decide(stale_state.to(logits.device), stale, step_noise(step + advanced), config, mask_id,
                                      margins=recorder.margins)
             state = state.cpu()
+            if torch.equal(state, stale_state.cpu()):  # select() commits >= 1 position unless its inputs are broken
+                raise RuntimeError(
+                    f"request {request}, block {block}, step {step + advanced}: the step committed no position; "
+                    "the policy's confidences are not numbers (check the sampling settings and the logits)"
+                )
             advanced += 1
             states.append(state)
             recorder.add(stale, proposal)

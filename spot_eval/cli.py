@@ -36,7 +36,9 @@ def _threads_flag(p: argparse.ArgumentParser, text: str = "torch CPU threads (de
 
 
 def _set_threads(args: argparse.Namespace) -> None:
-    if args.threads:
+    if args.threads is not None:
+        if args.threads < 1:
+            raise ValueError(f"--threads must be >= 1, got {args.threads}")
         import torch
 
         torch.set_num_threads(args.threads)
@@ -59,11 +61,13 @@ def _decode_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--drafter", default=None, help="the method's checkpoint (.pt) or Spiffy graph (.json); default: the shipped one")
     p.add_argument("--exact", action="store_true",
                    help="verify each draft piece exactly as a one-piece forward: tokens equal draft-free bit for bit in any dtype")
+    _threads_flag(p)
 
 
 def _decode(args: argparse.Namespace) -> None:
     from spot_eval.harness.decode import decode_prompt
 
+    _set_threads(args)
     result = decode_prompt(
         target=args.target,
         method=args.method,

@@ -199,19 +199,66 @@ def test_stop_strings_cut_text_and_tokens_alike_for_every_method():
     "kwargs, message",
     [
         ({"budget": -1}, "budget must be >= 0"),
-        ({"sampling": None}, "temperature must be >= 0"),
         ({"policy": "greedy"}, "unknown unmasking policy 'greedy'"),
         ({"gen_length": 0}, "gen_length must be >= 1"),
         ({"threshold": 1.5}, "threshold must be in"),
+        ({"threshold": float("nan")}, "threshold must be a finite number, got nan"),
+        ({"block_length": 16.5}, "block_length must be a whole number, got 16.5"),
+        ({"gen_length": 64.0}, "gen_length must be a whole number, got 64.0"),
+        ({"seed": 2**32}, r"seed must be in \[0, 2\*\*32\), got 4294967296"),
+        ({"seed": -1}, r"seed must be in \[0, 2\*\*32\)"),
+        ({"budget": True}, "budget must be a whole number, got True"),
     ],
 )
 def test_bad_settings_are_named(kwargs, message):
-    if kwargs.get("sampling", 1) is None:
-        with pytest.raises(ValueError, match=message):
-            Sampling(temperature=-0.5)
-        return
     with pytest.raises(ValueError, match=message):
         DecodeConfig(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"temperature": -0.5}, "temperature must be >= 0"),
+        ({"temperature": float("inf")}, "temperature must be a finite number, got inf"),
+        ({"top_k": 2.5}, "top_k must be a whole number, got 2.5"),
+        ({"top_p": float("nan")}, "top_p must be a finite number"),
+        ({"top_p": 0.0}, r"top_p must be in \(0, 1\]"),
+    ],
+)
+def test_bad_sampling_is_named(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        Sampling(**kwargs)
+
+
+class BrokenTarget:
+    """A target whose logits are NaN from its second forward on."""
+
+    def __init__(self, target) -> None:
+        self.target = target
+
+    def __getattr__(self, name):
+        return getattr(self.target, name)
+
+    def verify(self, pieces, start):
+        logits = self.target.verify(pieces, start)
+        if self.target.forwards > 1:
+            logits = logits.clone()
+            logits[..., 5] = float("nan")
+        return logits
+
+
+def test_non_finite_logits_end_the_decode_naming_the_forward():
+    with pytest.raises(RuntimeError, match=r"forward 2 \(request 7, block 0, step 1\) returned non-finite logits"):
+        generate(BrokenTarget(tiny_target(16)), [1, 2, 3], DecodeConfig(block_length=16, gen_length=20), request=7)
+
+def test_a_step_that_commits_nothing_stops_with_the_request_named(monkeypatch):
+    """Only a bug or broken numbers can make a policy step commit nothing; the decoder stops instead of looping."""
+    import spot.engine
+
+    real = spot.engine.decide
+    monkeypatch.setattr(spot.engine, "decide", lambda state, *args, **kwargs: (state, real(state, *args, **kwargs)[1]))
+    with pytest.raises(RuntimeError, match="request 3, block 0, step 0: the step committed no position"):
+        generate(tiny_target(16), [1, 2, 3], DecodeConfig(block_length=16, gen_length=20), request=3)
 
 
 def test_a_prompt_longer_than_the_model_positions_is_refused():

@@ -155,8 +155,8 @@ def test_the_cache_hook_sees_every_request_and_model_info_names_the_config(check
         ({"methods": "oracle@0"}, "budget must be >= 1"),
         ({"methods": "spot:/nowhere.pt"}, "does not exist"),
         ({"dtype": "int4"}, "unknown dtype"),
-        ({"exact": "ture"}, "model_arg exact='ture' is not a boolean; write exact=true or exact=false"),
-        ({"fail_on_divergence": "ture"}, "model_arg fail_on_divergence='ture' is not a boolean"),
+        ({"exact": "ture"}, "exact='ture' is not a boolean; write exact=true or exact=false"),
+        ({"fail_on_divergence": "ture"}, "fail_on_divergence='ture' is not a boolean"),
     ],
 )
 def test_bad_model_args(checkpoint, overrides, message):
@@ -232,3 +232,27 @@ def test_a_divergence_is_logged_then_ends_the_run_naming_the_request(tmp_path):
     rows = [json.loads(line) for line in (tmp_path / "run" / "samples.jsonl").open()]
     assert [r["lossless"] for r in rows] == [True, False]  # written before the run ended
     Session(SpotArgs(fail_on_divergence=False), {}, NullTracker(), out_dir=tmp_path / "quiet").finish(None)
+
+
+def test_a_run_directory_that_cannot_be_written_mid_run_loses_nothing(tmp_path, monkeypatch):
+    from spot_eval.harness.lossless import MethodRecord
+    from spot_eval.harness.session import RequestRecord, Session
+    from spot_eval.tracking.writer import NullTracker
+
+    monkeypatch.chdir(tmp_path)
+    methods = [MethodRecord(label, budget, (1, 2, 3), 5, 5, 1.0, 0.9, 0.0, (1,) * 5, None)
+               for label, budget in (("draft_free", 0), ("spot", 8))]
+    session = Session(SpotArgs(), {}, NullTracker(), out_dir=tmp_path / "run")
+    session.add(RequestRecord("spot_gsm8k", 0, 0, 1, "abc", "t1", methods))
+    session.flush()  # after a generate_until batch
+    shutil.rmtree(tmp_path / "run")
+    (tmp_path / "run").write_text("someone else's file")  # the run directory is gone mid-run (root ignores chmod)
+    with pytest.warns(RuntimeWarning, match="cannot be written; writing the run to"), pytest.raises(
+        SystemExit, match=r"the run directory .*/run \(.*\) could not be written; every file of the run is in .*spot-eval-unsaved"
+    ):
+        session.finish({"results": {"spot_gsm8k": {"exact_match,strict-match": 0.0}}})
+    [saved] = (tmp_path / "spot-eval-unsaved").iterdir()
+    assert {"run.json", "samples.jsonl", "summary.csv", "lm_eval_results.json"} <= {p.name for p in saved.iterdir()}
+    assert len((saved / "samples.jsonl").read_text().splitlines()) == 2
+    assert not (saved / "outcomes.jsonl").exists()  # no per-sample scores without --log_samples: no empty file
+    assert (tmp_path / "run").read_text() == "someone else's file"

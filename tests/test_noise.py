@@ -39,3 +39,12 @@ def test_noise_at_chosen_tokens_equals_the_full_tensor():
     positions = torch.tensor([[0, 0], [5, 5], [7, 7]])
     tokens = torch.tensor([[3, 49], [0, 17], [2, 8]])
     assert torch.equal(gumbel_at(key, positions, tokens), full[positions, tokens])
+
+
+def test_distinct_seeds_never_share_a_noise_key():
+    """step_key chains bijective 32-bit mixes, so for a fixed (request, block, step) it is a bijection of the
+    32-bit seed; DecodeConfig refuses seeds of 2**32 and more, which would alias (tests/test_engine.py)."""
+    g = torch.Generator().manual_seed(0)
+    seeds = {0, 1, 2**31, 2**32 - 1, *torch.randint(0, 2**32, (100_000,), generator=g, dtype=torch.int64).tolist()}
+    for request, block, step in ((0, 0, 0), (2**32 - 1, 7, 31)):
+        assert len({step_key(seed, request, block, step) for seed in seeds}) == len(seeds)

@@ -169,7 +169,7 @@ def test_default_store_is_sqlite_in_the_working_directory(tmp_path, monkeypatch)
         run_id = _log_evaluation(open_tracker(TrackingConfig()), tmp_path / "files")
     assert not [w for w in caught if "spool" in str(w.message)]
     _check_evaluation(MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}"), run_id, tmp_path)
-    assert list((tmp_path / "spot-eval-spool").iterdir()) == []  # no outage: the spool entry is gone
+    assert not (tmp_path / "spot-eval-spool").exists()  # no outage: the spool entry is gone, and the empty spool with it
     with pytest.raises(KeyError, match="no open run"):
         resume(run_id)
 
@@ -180,7 +180,7 @@ def test_server_round_trip(server, tmp_path):
     config = TrackingConfig(tracking_uri=server.uri, experiment="round-trip", spool_dir=str(spool))
     run_id = _log_evaluation(open_tracker(config), tmp_path / "files")
     _check_evaluation(MlflowClient(server.uri), run_id, tmp_path)
-    assert list(spool.iterdir()) == []
+    assert not spool.exists()  # the entry went at the end of the evaluation, and the emptied spool with it
 
 
 def test_outage_from_the_start_spools_then_sync_replays_it(server, tmp_path, capsys):
@@ -245,7 +245,7 @@ def test_server_killed_mid_run_loses_nothing(server, tmp_path, capsys):
     _check_evaluation(client, run_id, tmp_path)
     partial = client.get_run(live_id)
     assert partial.info.status == "FAILED" and partial.data.tags["spot_eval.superseded_by"] == run_id
-    assert list(spool.iterdir()) == []
+    assert not spool.exists()  # replayed entries are removed, and the emptied spool with them
 
 
 # -- the same through `lm_eval --model spot` ------------------------------------------------------
@@ -292,3 +292,32 @@ def test_lm_eval_with_the_server_down_spools_and_sync_uploads(tmp_path):
         _check_spot_run(MlflowClient(tracking_uri=down.uri))
     finally:
         down.stop()
+
+
+OPEN_AT_ONCE = """
+import sys, time
+from spot_eval.tracking.writer import TrackingConfig, open_tracker
+start = float(sys.argv[1])
+time.sleep(max(start - time.time(), 0))  # both processes reach MLflow's first connect together
+tracker = open_tracker(TrackingConfig(experiment="race", run_name=sys.argv[2], spool_dir=sys.argv[3]))
+tracker.end()
+print(tracker.run_id)
+"""
+
+
+def test_two_processes_opening_a_fresh_sqlite_store_at_once_both_succeed(tmp_path):
+    """The ranks of a `torchrun` in a fresh directory all create ./mlflow.db on their first call; MLflow's
+    table migrations collide on sqlite unless the first use is serialised (tracking.store.first_use)."""
+    start = time.time() + 8  # after both interpreters have imported mlflow
+    procs = [
+        subprocess.Popen([sys.executable, "-c", OPEN_AT_ONCE, str(start), f"rank{r}", str(tmp_path / f"spool{r}")],
+                         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for r in range(2)
+    ]
+    outputs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [err[-2000:] for _, err in outputs]
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("race").experiment_id])
+    assert sorted(r.info.run_name for r in runs) == ["rank0", "rank1"]
+    assert all(r.info.status == "FINISHED" for r in runs)
+    assert not (tmp_path / "spool0").exists() and not (tmp_path / "spool1").exists()  # nothing was spooled

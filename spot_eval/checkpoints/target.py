@@ -6,13 +6,19 @@ from pathlib import Path
 
 import torch
 
-from spot.targets import SDARTarget
+from spot.targets import CheckpointInfo, SDARTarget, read_checkpoint
 from spot_eval.checkpoints.fingerprint import weights_digest
 
 
-def load_target(path: str | Path, block_length: int | None, device: str = "cpu", exact: bool = False) -> SDARTarget:
+def checkpoint_info(path: str | Path) -> CheckpointInfo:
+    """What a target directory says about itself (ids, block size), read without loading weights."""
     if not Path(path).is_dir():
         raise FileNotFoundError(f"target {path} is not a directory; pass --target PATH to a model directory")
+    return read_checkpoint(path)[1]
+
+
+def load_target(path: str | Path, block_length: int | None, device: str = "cpu", exact: bool = False) -> SDARTarget:
+    checkpoint_info(path)
     dtype = torch.float32 if str(device).startswith("cpu") else torch.bfloat16
     return SDARTarget.from_pretrained(path, block_length=block_length, device=device, dtype=dtype, exact=exact)
 

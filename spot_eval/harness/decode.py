@@ -6,8 +6,9 @@ from dataclasses import replace
 from pathlib import Path
 
 from spot import DecodeConfig, Sampling, generate
-from spot_eval.checkpoints.target import encode_prompt, load_target
-from spot_eval.harness.methods import KNOWN, MethodSpec, build_drafter
+from spot_eval.checkpoints.target import checkpoint_info, encode_prompt, load_target
+from spot_eval.harness.methods import KNOWN, MethodSpec, build_drafter, drafter_file
+from spot_eval.harness.settings import resolve_device
 
 DRAFT_FREE = "draft_free"
 
@@ -39,24 +40,25 @@ def decode_prompt(
         raise ValueError(f"method {DRAFT_FREE} takes no budget or --drafter; pick a drafter method to use them")
     if method != DRAFT_FREE and budget < 1:
         raise ValueError(f"method {method} needs --budget >= 1 (draft nodes per verify forward), got {budget}")
-    sampling = Sampling(temperature=temperature, top_k=top_k, top_p=top_p)
-    # Validate the settings before loading weights.
-    DecodeConfig(policy=policy, threshold=threshold, gen_length=gen_length, sampling=sampling, seed=seed, budget=budget)
-    model = load_target(target, block_length, device, exact)
+    # Everything is checked before the weights load.
+    device = resolve_device("--device", device, fall_back=False)
     config = DecodeConfig(
         policy=policy,
         threshold=threshold,
-        block_length=model.block_length,
+        block_length=checkpoint_info(target).block_size if block_length is None else block_length,
         gen_length=gen_length,
-        sampling=sampling,
+        sampling=Sampling(temperature=temperature, top_k=top_k, top_p=top_p),
         seed=seed,
         budget=budget,
     )
+    spec = None if method == DRAFT_FREE else MethodSpec(method, budget, drafter_path)
+    if spec is not None:
+        drafter_file(spec, config.block_length)
+    model = load_target(target, block_length, device, exact)
     ids = encode_prompt(model, prompt, chat)
     decode = model.tokenizer.decode
     drafter = None
-    if method != DRAFT_FREE:
-        spec = MethodSpec(method, budget, drafter_path)
+    if spec is not None:
         reference = None
         if spec.needs_reference:
             reference = generate(model, ids, replace(config, budget=0), record=True)

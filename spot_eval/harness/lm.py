@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-import warnings
 from collections import Counter
 from dataclasses import asdict, dataclass, field, replace
+from typing import get_args, get_type_hints
 
 import torch
 from lm_eval.api.model import LM
@@ -21,21 +21,12 @@ from tqdm import tqdm
 from spot import DecodeConfig, Sampling, generate
 from spot.targets import SDARTarget
 from spot_eval.checkpoints.shipped import EMBEDDED_TARGET
-from spot_eval.checkpoints.target import target_id
+from spot_eval.checkpoints.target import checkpoint_info, target_id
+from spot_eval.harness import settings
 from spot_eval.harness.lossless import MethodRecord
-from spot_eval.harness.methods import MethodSpec, build_drafter, parse_methods
+from spot_eval.harness.methods import MethodSpec, build_drafter, drafter_file, parse_methods
 from spot_eval.harness.session import RequestRecord, Session
 from spot_eval.tracking.writer import TrackingConfig, open_tracker
-
-TRUE, FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
-
-
-def _flag(name: str, value: object) -> bool:
-    """A boolean model_arg: true/false, 1/0, yes/no, on/off (any case); anything else is refused."""
-    text = str(value).strip().lower()
-    if text in TRUE or text in FALSE:
-        return text in TRUE
-    raise ValueError(f"model_arg {name}={value!r} is not a boolean; write {name}=true or {name}=false")
 
 
 @dataclass(frozen=True)
@@ -58,12 +49,14 @@ class SpotArgs:
     device: str = "cuda:0"
     dtype: str = "auto"
     exact: bool = False  # verify in the per-piece layout: speculative tokens equal draft-free bit for bit in any dtype
+    threads: int | None = None  # torch CPU threads (default: torch's choice, one per core; 1 on a shared machine)
     mlflow_tracking_uri: str | None = None
     mlflow_experiment: str = "spot-eval"
     output_dir: str | None = None  # the run directory (default: spot-eval-runs/<time>)
 
     @classmethod
     def parse(cls, kwargs: dict) -> SpotArgs:
+        """Typed values from lm-eval's model_args (strings, or numbers lm-eval coerced), each checked by name."""
         known = {f for f in cls.__dataclass_fields__}
         unknown = sorted(k for k in kwargs if k not in known)
         if unknown:
@@ -71,11 +64,26 @@ class SpotArgs:
                 kwargs[k] in ("", None) for k in unknown
             ) else ""
             raise ValueError(f"unknown model_args {', '.join(unknown)}{hint}; known: {', '.join(sorted(known))}")
-        values = {k: v for k, v in kwargs.items() if v is not None}
-        for name in ("reference", "fail_on_divergence", "exact"):
-            if name in values:
-                values[name] = _flag(name, values[name])
+        hints = get_type_hints(cls)
+        coerce = {bool: settings.as_bool, int: settings.as_int, float: settings.as_float}
+        values = {}
+        for name, value in kwargs.items():
+            if value is None:
+                continue
+            kind = next((k for k in coerce if k == hints[name] or k in get_args(hints[name])), str)
+            values[name] = coerce[kind](name, value) if kind in coerce else str(value)
         return cls(**values)
+
+    def decode_config(self, block_length: int) -> DecodeConfig:
+        """The decoder settings, validated (spot.config names any bad one)."""
+        return DecodeConfig(
+            policy=self.unmasking,
+            threshold=self.threshold,
+            block_length=block_length,
+            gen_length=self.gen_length,
+            sampling=Sampling(self.temperature, self.top_k, self.top_p),
+            seed=self.seed,
+        )
 
 
 @dataclass
@@ -88,42 +96,36 @@ class _Running:
 class SpotLM(LM):
     def __init__(self, batch_size: int | str | None = 1, max_batch_size: int | None = None, **kwargs) -> None:
         super().__init__()
-        self.args = SpotArgs.parse(kwargs)
+        self.args = args = SpotArgs.parse(kwargs)
         self.batch_size = int(batch_size) if str(batch_size).isdigit() else 1  # one request at a time
-        device = self.args.device
-        if device.startswith("cuda") and not torch.cuda.is_available():
-            warnings.warn(f"device {device} requested but CUDA is not available; running on CPU", stacklevel=2)
-            device = "cpu"
-        dtype = {"auto": torch.float32 if device == "cpu" else torch.bfloat16, "float32": torch.float32,
-                 "bfloat16": torch.bfloat16, "float16": torch.float16}.get(self.args.dtype)
-        if dtype is None:
-            raise ValueError(f"unknown dtype {self.args.dtype!r}; choose auto, float32, bfloat16 or float16")
-        self.target = SDARTarget.from_pretrained(
-            self.args.pretrained, self.args.block_length, device=device, dtype=dtype, exact=self.args.exact
-        )
-        self.config = DecodeConfig(
-            policy=self.args.unmasking,
-            threshold=self.args.threshold,
-            block_length=self.target.block_length,
-            gen_length=self.args.gen_length,
-            sampling=Sampling(self.args.temperature, self.args.top_k, self.args.top_p),
-            seed=self.args.seed,
-        )
-        if self.config.gen_length < self.target.block_length:
+        # Everything that can be checked is checked before the weights load and the MLflow run opens.
+        device = settings.resolve_device("device", args.device, fall_back=True)
+        dtype = settings.resolve_dtype("dtype", args.dtype, device)
+        block_length = checkpoint_info(args.pretrained).block_size if args.block_length is None else args.block_length
+        self.config = args.decode_config(block_length)
+        if self.config.gen_length < block_length:
             raise ValueError(
-                f"gen_length {self.config.gen_length} is below one block ({self.target.block_length}); "
+                f"gen_length {self.config.gen_length} is below one block ({block_length}); "
                 "raise gen_length or lower block_length"
             )
-        self.specs: list[MethodSpec] = parse_methods(self.args.methods, self.args.budgets)
-        if self.specs and not self.args.reference:
+        self.specs: list[MethodSpec] = parse_methods(args.methods, args.budgets)
+        if self.specs and not args.reference:
             raise ValueError("reference=False leaves nothing to compare the methods with; drop methods or keep reference")
+        for spec in self.specs:
+            drafter_file(spec, block_length)
+        settings.check_output_dir("output_dir", args.output_dir)
+        if args.threads is not None:
+            if args.threads < 1:
+                raise ValueError(f"threads={args.threads}: use threads >= 1 (1 on a machine shared with other work)")
+            torch.set_num_threads(args.threads)
+        self.target = SDARTarget.from_pretrained(args.pretrained, args.block_length, device=device, dtype=dtype, exact=args.exact)
         self._drafters = {s.label: build_drafter(s, self.target, self.config.policy) for s in self.specs if not s.needs_reference}
         tracker = open_tracker(TrackingConfig(self.args.mlflow_tracking_uri, self.args.mlflow_experiment))
-        settings = {"model_args": asdict(self.args), "decoder": _config_dict(self.config),
-                    "lm_eval_version": _lm_eval_version(), "target_id": target_id(self.args.pretrained)}
-        tracker.log_params({**_flatten({"model_args": settings["model_args"], "decoder": settings["decoder"]}),
-                            "lm_eval_version": settings["lm_eval_version"], **_flatten(self._fingerprints())})
-        self.session = Session(self.args, self._fingerprints(), tracker, self.args.output_dir, settings)
+        run = {"model_args": asdict(self.args), "decoder": _config_dict(self.config),
+               "lm_eval_version": _lm_eval_version(), "target_id": target_id(self.args.pretrained)}
+        tracker.log_params({**_flatten({"model_args": run["model_args"], "decoder": run["decoder"]}),
+                            "lm_eval_version": run["lm_eval_version"], **_flatten(self._fingerprints())})
+        self.session = Session(self.args, self._fingerprints(), tracker, self.args.output_dir, run)
         self._repeat = Counter()
 
     # -- lm-eval contract --------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from spot.drafters import AdversarialDrafter, Drafter, OracleDrafter, RandomDrafter
 from spot_eval.checkpoints.shipped import shipped_drafter
+from spot_eval.harness.settings import as_int
 
 LEARNED = ("spot", "spot_gamma", "spiffy")
 REFERENCE = ("random", "adversarial", "oracle")  # need the draft-free trajectory (oracle, adversarial)
@@ -48,7 +49,7 @@ def split_list(value: object) -> list[str]:
 def parse_methods(methods: object, budgets: object) -> list[MethodSpec]:
     """Expand `methods` x `budgets` into specs; every bad item is named with the fix."""
     items = split_list(methods)
-    default_budgets = [int(b) for b in split_list(budgets)]
+    default_budgets = [as_int("budgets", b) for b in split_list(budgets)]
     if default_budgets and not items:
         raise ValueError(f"budgets={budgets} given without a drafter-based method; add methods=spot (or spiffy)")
     specs: list[MethodSpec] = []
@@ -62,11 +63,38 @@ def parse_methods(methods: object, budgets: object) -> list[MethodSpec]:
         for budget in budgets_here:
             if budget < 1:
                 raise ValueError(f"method {item!r}: budget must be >= 1, got {budget}")
-            path = match["path"]
-            if path is not None and not Path(path).exists():
-                raise FileNotFoundError(f"method {item!r}: drafter file {path} does not exist")
-            specs.append(MethodSpec(match["name"], budget, path))
+            specs.append(MethodSpec(match["name"], budget, match["path"]))
     return specs
+
+
+# What each learned method reads, by the first bytes of the file: torch.save writes a zip archive.
+_KINDS = {
+    "spot": (b"PK", "an order-model checkpoint (.pt, spot-eval train-drafter)"),
+    "spot_gamma": (b"PK", "an order-model checkpoint (.pt, spot-eval train-drafter)"),
+    "spiffy": (b"{", "a Spiffy graph (.json, spot-eval spiffy-calibrate)"),
+}
+
+
+def drafter_file(spec: MethodSpec, block_length: int) -> Path | None:
+    """The file a learned method reads (its own `path`, or the one shipped for `block_length`),
+    checked to exist and to be of the method's kind before anything loads; None for the reference drafters."""
+    if spec.name not in _KINDS:
+        return None
+    magic, kind = _KINDS[spec.name]
+    path = Path(spec.path) if spec.path else shipped_drafter(spec.name, block_length)
+    if not path.is_file():
+        if spec.path:
+            raise FileNotFoundError(f"{spec.name} drafter file {path} does not exist")
+        raise FileNotFoundError(
+            f"no {spec.name} drafter ships for block length {block_length}: train one for this target "
+            f"(spot-eval collect, then {'spiffy-calibrate' if spec.name == 'spiffy' else 'train-drafter'}) and pass it "
+            f"(lm_eval: methods={spec.name}:PATH; spot-eval decode: --drafter PATH)"
+        )
+    with path.open("rb") as f:
+        head = f.read(len(magic)).lstrip() if magic == b"{" else f.read(len(magic))
+    if head != magic:
+        raise ValueError(f"{path} is not {kind}, which method {spec.name} reads; pass such a file or pick the method it belongs to")
+    return path
 
 
 def build_drafter(spec: MethodSpec, target, policy: str, reference=None) -> Drafter:
@@ -78,14 +106,7 @@ def build_drafter(spec: MethodSpec, target, policy: str, reference=None) -> Draf
         return OracleDrafter(reference.trajectory)
     if spec.name == "adversarial":
         return AdversarialDrafter(reference.trajectory, target.vocab_size)
-    if spec.path and not Path(spec.path).exists():
-        raise FileNotFoundError(f"{spec.name} drafter file {spec.path} does not exist")
-    path = Path(spec.path) if spec.path else shipped_drafter(spec.name, target.block_length)
-    if not path.exists():
-        raise FileNotFoundError(
-            f"no {spec.name} drafter at {path}: none ships for block length {target.block_length}; "
-            f"train one (spot-eval train-drafter / spiffy-calibrate) and pass {spec.name}:PATH"
-        )
+    path = drafter_file(spec, target.block_length)
     if spec.name == "spiffy":
         from spot.drafters.spiffy import SpiffyDrafter
         from spot_eval.checkpoints.spiffy_graph import graph_for_target

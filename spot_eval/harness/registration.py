@@ -12,6 +12,7 @@ lm-eval reads the `lm_eval.models` entry point declared in pyproject.toml instea
 from __future__ import annotations
 
 import functools
+import logging
 import sys
 
 TARGET = "spot_eval.harness.lm:SpotLM"
@@ -45,8 +46,20 @@ def register() -> None:
 
     if "spot" not in model_registry:
         model_registry.register("spot", target=TARGET)
+    task_log = logging.getLogger("lm_eval.api.task")
+    if not any(isinstance(f, _OwnDatasets) for f in task_log.filters):
+        task_log.addFilter(_OwnDatasets())
     if not getattr(lm_eval.evaluator.evaluate, "_spot_wrapped", False):
         lm_eval.evaluator.evaluate = _reporting(lm_eval.evaluator.evaluate)
+
+
+class _OwnDatasets(logging.Filter):
+    """Drops lm-eval's "Custom kwargs can be passed to `--metadata`" warning for the spot_* tasks, whose
+    `custom_dataset` loaders read the vendored data and take no kwargs (once per task and run otherwise)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not (message.startswith("spot_") and "Custom kwargs can be passed to `--metadata`" in message)
 
 
 def _reporting(evaluate):

@@ -16,7 +16,11 @@ A run directory holds:
 from __future__ import annotations
 
 import json
+import tempfile
 import time
+import uuid
+import warnings
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -64,6 +68,15 @@ def outcomes(samples: dict) -> list[dict]:
     return rows
 
 
+LEGEND = (
+    "forward_ratio: draft-free target forwards / the method's (the hardware-independent saving). "
+    "throughput_ratio: draft-free seconds / the method's, same requests, this machine (on a CPU a verify of "
+    "P pieces costs about P forwards, so it lags the forward ratio; on a GPU small P are nearly free). "
+    "tokens_per_forward: output tokens per forward (below 1 where EOS or a stop string cuts a block whose "
+    "positions each took a step). lossless: the fraction of requests whose tokens equal draft-free's."
+)
+
+
 class Session:
     def __init__(
         self, args, fingerprints: dict, tracker: Tracker, out_dir: str | Path | None = None, settings: dict | None = None
@@ -74,6 +87,24 @@ class Session:
         self.settings = settings or {}
         self.records: list[RequestRecord] = []
         self.out_dir = Path(out_dir or Path("spot-eval-runs") / time.strftime("%Y%m%d-%H%M%S"))
+        self.unwritable: str | None = None  # the run directory that could not be written, and why
+
+    def _write(self, files: Callable[[Path], object]) -> None:
+        """Write into the run directory. If it cannot be written (removed, replaced by a file, full),
+        warn and write there no more: from then on into a fallback folder, so nothing decoded is lost;
+        `finish` then ends the run with a non-zero exit that names both."""
+        try:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+            files(self.out_dir)
+            return
+        except OSError as err:
+            if self.unwritable is not None:
+                raise
+            self.unwritable = f"{self.out_dir} ({err.strerror or err})"
+        self.out_dir = _fallback_dir()
+        warnings.warn(f"the run directory {self.unwritable} cannot be written; writing the run to {self.out_dir}",
+                      RuntimeWarning, stacklevel=3)
+        files(self.out_dir)
 
     def add(self, record: RequestRecord) -> None:
         self.records.append(record)
@@ -93,33 +124,38 @@ class Session:
 
     def flush(self) -> Path:
         """Write what is known so far (called after every generate_until batch)."""
-        self.out_dir.mkdir(parents=True, exist_ok=True)
         run = {**self.settings, "fingerprints": self.fingerprints, "mlflow_run_id": self.tracker.run_id,
                "mlflow_tracking_uri": getattr(self.tracker, "uri", None)}
-        (self.out_dir / "run.json").write_text(json.dumps(run, indent=1, default=str) + "\n")
-        path = self.out_dir / "samples.jsonl"
-        with path.open("w") as f:
-            for r in self.records:
-                for row in r.rows():
-                    f.write(json.dumps(row) + "\n")
-        self.summary().to_csv(self.out_dir / "summary.csv", index=False)
-        return path
+        rows = [json.dumps(row) + "\n" for r in self.records for row in r.rows()]
+        summary = self.summary()
+
+        def files(out: Path) -> None:
+            (out / "run.json").write_text(json.dumps(run, indent=1, default=str) + "\n")
+            (out / "samples.jsonl").write_text("".join(rows))
+            summary.to_csv(out / "summary.csv", index=False)
+
+        self._write(files)
+        return self.out_dir / "samples.jsonl"
 
     def finish(self, results: dict | None) -> None:
         """After lm-eval scored the outputs: write and log everything, print the table, then gate."""
         self.flush()
         if results is not None:
-            samples = results.get("samples") or {}
-            with (self.out_dir / "outcomes.jsonl").open("w") as f:
-                for row in outcomes(samples):
-                    f.write(json.dumps(row) + "\n")
+            scored = outcomes(results.get("samples") or {})  # per-sample scores: only with --log_samples
             kept = {k: v for k, v in results.items() if k != "samples"}  # docs and responses: in samples.jsonl
-            (self.out_dir / "lm_eval_results.json").write_text(json.dumps(kept, indent=2, default=str))
+
+            def files(out: Path) -> None:
+                if scored:
+                    (out / "outcomes.jsonl").write_text("".join(json.dumps(row) + "\n" for row in scored))
+                (out / "lm_eval_results.json").write_text(json.dumps(kept, indent=2, default=str))
+
+            self._write(files)
         table = self.summary()
         self._log(table, results)
         if not table.empty:
             columns = ["task", "label", "requests", "forward_ratio", "throughput_ratio", "tokens_per_forward", "lossless"]
             print(table[columns].to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+            print(LEGEND)
         print(f"spot-eval: samples and summary in {self.out_dir}")
         uri = getattr(self.tracker, "uri", None)
         if uri and uri.startswith("sqlite:"):
@@ -128,9 +164,15 @@ class Session:
             print(f"spot-eval: MLflow run {self.tracker.run_id} at {uri}")
         bad = self.divergences()
         self.tracker.end("FAILED" if bad and self.args.fail_on_divergence else "FINISHED")
+        failures = []
+        if self.unwritable is not None:
+            failures.append(f"spot-eval: the run directory {self.unwritable} could not be written; "
+                            f"every file of the run is in {self.out_dir} instead")
         if bad and self.args.fail_on_divergence:
             lines = [f"  {d['task']} doc {d['doc_id']} (repeat {d['repeat']}) {d['method']}: {describe(d)}" for d in bad]
-            raise SystemExit("spot-eval: outputs diverged from draft-free decoding:\n" + "\n".join(lines))
+            failures.append("spot-eval: outputs diverged from draft-free decoding:\n" + "\n".join(lines))
+        if failures:
+            raise SystemExit("\n".join(failures))
 
     def _log(self, table: pd.DataFrame, results: dict | None) -> None:
         """Accuracy on the parent run; per-method statistics on one nested run per method."""
@@ -157,8 +199,22 @@ class Session:
                                      "accepted_length/p50": float(ordered[len(ordered) // 2]),
                                      "accepted_length/p90": float(ordered[int(0.9 * (len(ordered) - 1))])})
         if not table.empty:
-            if (table.label != "draft_free").any():
-                throughput_bars(table, self.out_dir / "throughput_ratio.png")
-            accepted_histogram(frame, self.out_dir / "accepted_lengths.png")
+            def plots(out: Path) -> None:
+                if (table.label != "draft_free").any():
+                    throughput_bars(table, out / "throughput_ratio.png")
+                accepted_histogram(frame, out / "accepted_lengths.png")
+
+            self._write(plots)
         for path in sorted(self.out_dir.iterdir()):
             tracker.log_artifact(path, "spot-eval")
+
+
+def _fallback_dir() -> Path:
+    """Where a run goes when its run directory cannot be written: ./spot-eval-unsaved/<time>-<id>, or a
+    fresh temporary folder when the working directory is not writable either."""
+    path = Path("spot-eval-unsaved") / f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:8]}"
+    try:
+        path.mkdir(parents=True)
+        return path.absolute()
+    except OSError:
+        return Path(tempfile.mkdtemp(prefix="spot-eval-unsaved-"))

@@ -7,6 +7,7 @@ journal into the store. An evaluation that ends with no outage deletes its spool
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import shutil
@@ -52,6 +53,8 @@ class Spool:
         self._journal.close()
         if delete:
             shutil.rmtree(self.path)
+            with contextlib.suppress(OSError):  # the spool folder too, unless other entries are in it
+                self.path.parent.rmdir()
         self._lock.close()  # releases the flock
 
     @staticmethod

@@ -6,6 +6,7 @@ all go through these, so an unreachable store is found out the same way everywhe
 
 from __future__ import annotations
 
+import fcntl
 import os
 import urllib.error
 import urllib.request
@@ -81,3 +82,22 @@ def experiment_id(client: MlflowClient, name: str) -> str:
         if err.error_code != "RESOURCE_ALREADY_EXISTS":
             raise
         return client.get_experiment_by_name(name).experiment_id  # another process created it meanwhile
+
+
+@contextmanager
+def first_use(uri: str) -> Iterator[None]:
+    """Serialise the first contact with a local sqlite store across processes: MLflow creates and
+    migrates its tables on first connect, and two processes doing that at once (the ranks of a
+    torchrun or accelerate launch in a fresh directory) collide on sqlite. Other stores: no lock."""
+    prefix = "sqlite:///"
+    if not uri.startswith(prefix):
+        yield
+        return
+    folder = Path(uri[len(prefix) :]).parent
+    folder.mkdir(parents=True, exist_ok=True)
+    lock = os.open(folder, os.O_RDONLY)  # the database's folder is the lock: no lock file is left behind
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(lock)  # releases the flock

@@ -10,6 +10,7 @@ as FAILED. A sync cut short (the server dies again) leaves the ids of the runs i
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +22,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
 
 from spot_eval.tracking.spool import Spool
-from spot_eval.tracking.store import TrackingUnavailable, client_env, experiment_id, unreachable
+from spot_eval.tracking.store import TrackingUnavailable, client_env, experiment_id, first_use, unreachable
 from spot_eval.tracking.writer import TrackingConfig
 
 REPLAYED = "replayed"  # ids of the runs a cut-short sync created, one a line
@@ -37,6 +38,9 @@ def sync(spool_dir: str | Path | None = None, tracking_uri: str | None = None) -
         yield f"nothing to sync in {root}"
     for entry in entries:
         yield _sync_entry(entry, tracking_uri)
+    if entries:
+        with contextlib.suppress(OSError):  # an emptied spool goes too
+            root.rmdir()
 
 
 def _sync_entry(entry: Path, tracking_uri: str | None) -> str:
@@ -56,9 +60,11 @@ def _sync_entry(entry: Path, tracking_uri: str | None) -> str:
             )
         try:
             with client_env():
-                client = MlflowClient(uri)
+                with first_use(uri):
+                    client = MlflowClient(uri)
+                    experiment = experiment_id(client, header["experiment"])
                 _delete_partial_replay(client, entry)
-                ids = _replay(client, entry, records, experiment_id(client, header["experiment"]))
+                ids = _replay(client, entry, records, experiment)
                 _supersede(client, records, ids)
         except (MlflowException, OSError) as err:
             raise TrackingUnavailable(

@@ -30,7 +30,14 @@ from mlflow.exceptions import MlflowException
 from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
 
 from spot_eval.tracking.spool import Spool
-from spot_eval.tracking.store import TrackingUnavailable, client_env, experiment_id, resolve_uri, unreachable
+from spot_eval.tracking.store import (
+    TrackingUnavailable,
+    client_env,
+    experiment_id,
+    first_use,
+    resolve_uri,
+    unreachable,
+)
 
 T = TypeVar("T")
 
@@ -153,7 +160,7 @@ class _Session:
         try:
             if reason := unreachable(self.uri):
                 raise TrackingUnavailable(reason)
-            with client_env():
+            with client_env(), first_use(self.uri):
                 client = MlflowClient(self.uri)
                 self.experiment_id = experiment_id(client, experiment)
             self.client = client

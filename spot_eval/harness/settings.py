@@ -1,0 +1,93 @@
+"""One typed parse of a run's settings, shared by `lm_eval --model spot` and `spot-eval decode`.
+
+Everything that can be checked is checked here, before a model loads or an MLflow run opens:
+types (lm-eval hands model_args over as strings, or as numbers it coerced: `-1` arrives as `-1.0`),
+booleans, the device and dtype, and the run directory. Ranges and finiteness of the decoding
+settings are `spot.config`'s (DecodeConfig, Sampling), so both front doors refuse the same values
+with the same words. Every error is one ValueError that names the setting, the value and the fix.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import warnings
+from pathlib import Path
+
+import torch
+
+TRUE, FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def as_bool(name: str, value: object) -> bool:
+    """true/false, 1/0, yes/no, on/off in any case; anything else is refused."""
+    text = str(value).strip().lower()
+    if text in TRUE or text in FALSE:
+        return text in TRUE
+    raise ValueError(f"{name}={value!r} is not a boolean; write {name}=true or {name}=false")
+
+
+def as_int(name: str, value: object) -> int:
+    """A whole number: an int, a float without a fraction (lm-eval's `-1.0`), or such a string."""
+    if isinstance(value, bool):
+        raise ValueError(f"{name}={value!r} is not a whole number")
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, int):
+        return value
+    text = str(value).strip()
+    if re.fullmatch(r"[+-]?\d+(\.0*)?", text):
+        return int(float(text)) if "." in text else int(text)
+    raise ValueError(f"{name}={value!r} is not a whole number")
+
+
+def as_float(name: str, value: object) -> float:
+    """A number (finiteness and range are spot.config's to check)."""
+    if isinstance(value, bool):
+        raise ValueError(f"{name}={value!r} is not a number")
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name}={value!r} is not a number") from None
+
+
+def resolve_device(name: str, value: str, fall_back: bool) -> str:
+    """A torch device string that exists here. Asked for CUDA without CUDA: CPU with a warning when
+    `fall_back` (lm-eval's own default is cuda:0), else an error."""
+    try:
+        device = torch.device(str(value))
+    except RuntimeError:
+        raise ValueError(f"{name}={value!r} is not a device; use cpu, cuda or cuda:N") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            if fall_back:
+                warnings.warn(f"device {value} requested but CUDA is not available; running on CPU", stacklevel=3)
+                return "cpu"
+            raise ValueError(f"{name}={value!r} but this torch has no usable CUDA; use {name}=cpu")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ValueError(f"{name}={value!r} but only {torch.cuda.device_count()} CUDA device(s) are visible")
+    elif device.type != "cpu":
+        raise ValueError(f"{name}={value!r}: spot decodes on cpu or cuda devices")
+    return str(device)
+
+
+def resolve_dtype(name: str, value: str, device: str) -> torch.dtype:
+    """auto is float32 on a CPU and bfloat16 elsewhere (what SDAR ships)."""
+    if value == "auto":
+        return torch.float32 if device == "cpu" else torch.bfloat16
+    if value not in DTYPES:
+        raise ValueError(f"unknown {name} {value!r}; choose auto, {', '.join(DTYPES)}")
+    return DTYPES[value]
+
+
+def check_output_dir(name: str, path: str | Path | None) -> None:
+    """The run directory can be made and written: not an existing file, and under a writable folder."""
+    if path is None:
+        return
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"{name}={str(path)!r} is an existing file; name a directory (it is created if missing)")
+    existing = next(p for p in (path, *path.absolute().parents) if p.exists())
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(f"{name}={str(path)!r} cannot be created: {existing} is not a writable directory")

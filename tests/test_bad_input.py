@@ -1,0 +1,203 @@
+"""Bad input never costs a run: one `error:` line, exit status 2, no traceback, and (where the input can
+be checked without the weights) no model loaded and no MLflow run opened.
+
+The `spot-eval` forms run in-process through `spot_eval.cli.main`; the `lm_eval --model spot` forms build
+`SpotLM` in-process (the error reaches lm-eval's command line as the ValueError below, which the start-up
+hook turns into one line; a few real `lm_eval` runs at the end check that step).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import write_checkpoint
+
+from spot.targets.sdar import SDARTarget
+from spot_eval.checkpoints.shipped import shipped_drafter
+from spot_eval.cli import main
+from spot_eval.harness import lm
+
+SPIFFY_GRAPH = str(shipped_drafter("spiffy", 32))
+SPOT_CHECKPOINT = str(shipped_drafter("spot", 32))
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> str:
+    """A tiny block-16 checkpoint without a chat template."""
+    return str(write_checkpoint(tmp_path_factory.mktemp("bad") / "ckpt"))
+
+
+@pytest.fixture
+def no_load(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("the model loaded before the bad input was found")
+
+    monkeypatch.setattr(SDARTarget, "from_pretrained", refuse)
+    monkeypatch.setattr(lm, "open_tracker", refuse)
+
+
+def one_error_line(capsys) -> str:
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if "error:" in line]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+DECODE = ["decode", "--prompt", "x"]
+# (arguments, part of the message): checked before the model loads.
+CLI_CASES = [
+    ([*DECODE, "--temperature", "inf"], "temperature must be a finite number, got inf"),
+    ([*DECODE, "--temperature", "nan"], "temperature must be a finite number, got nan"),
+    ([*DECODE, "--temperature", "abc"], "argument --temperature: invalid float value: 'abc'"),
+    ([*DECODE, "--temperature", "-1"], "temperature must be >= 0"),
+    ([*DECODE, "--top-k", "2.5"], "argument --top-k: invalid int value: '2.5'"),
+    ([*DECODE, "--top-k", "-3"], "top_k must be >= 0"),
+    ([*DECODE, "--top-p", "0"], "top_p must be in (0, 1]"),
+    ([*DECODE, "--top-p", "1.5"], "top_p must be in (0, 1]"),
+    ([*DECODE, "--threshold", "1.5"], "threshold must be in (0, 1]"),
+    ([*DECODE, "--threshold", "nan"], "threshold must be a finite number"),
+    ([*DECODE, "--device", "foo"], "--device='foo' is not a device; use cpu, cuda or cuda:N"),
+    ([*DECODE, "--device", "cuda"], "--device='cuda' but this torch has no usable CUDA; use --device=cpu"),
+    ([*DECODE, "--method", "random", "--budget", "-1"], "needs --budget >= 1"),
+    ([*DECODE, "--budget", "abc"], "argument --budget: invalid int value: 'abc'"),
+    ([*DECODE, "--block-length", "16.5"], "argument --block-length: invalid int value: '16.5'"),
+    ([*DECODE, "--block-length", "0"], "block_length must be >= 1"),
+    ([*DECODE, "--gen-length", "0"], "gen_length must be >= 1"),
+    ([*DECODE, "--method", "spot", "--budget", "4", "--drafter", SPIFFY_GRAPH],
+     "is not an order-model checkpoint (.pt, spot-eval train-drafter), which method spot reads"),
+    ([*DECODE, "--method", "spiffy", "--budget", "3", "--drafter", SPOT_CHECKPOINT],
+     "is not a Spiffy graph (.json, spot-eval spiffy-calibrate), which method spiffy reads"),
+    ([*DECODE, "--block-length", "7", "--method", "spot", "--budget", "4"],
+     "no spot drafter ships for block length 7: train one for this target (spot-eval collect, then train-drafter) "
+     "and pass it (lm_eval: methods=spot:PATH; spot-eval decode: --drafter PATH)"),
+    ([*DECODE, "--method", "spot", "--budget", "4", "--drafter", "/nowhere.pt"], "spot drafter file /nowhere.pt does not exist"),
+    ([*DECODE, "--seed", "4294967296"], "seed must be in [0, 2**32), got 4294967296"),
+    ([*DECODE, "--seed", "-1"], "seed must be in [0, 2**32), got -1"),
+    ([*DECODE, "--method", "nope"], "unknown method 'nope'"),
+    ([*DECODE, "--budget", "3"], "method draft_free takes no budget or --drafter"),
+    ([*DECODE, "--unmasking", "greedy"], "unknown unmasking policy 'greedy'"),
+    ([*DECODE, "--target", "/nowhere"], "target /nowhere is not a directory"),
+    (["collect", "--out", "x", "--prompts", "0"], "--prompts (0), --shard-size (32), --topk (32) and --workers (1) must be >= 1"),
+    (["collect", "--out", "x", "--prompts", "2", "--workers", "0"], "--workers (0) must be >= 1"),
+    (["collect", "--out", "x", "--prompts", "2", "--temperatures", "a,b"], "--temperatures takes comma-separated numbers"),
+    (["collect", "--out", "x", "--prompts", "2", "--seed", "4294967296"], "seed must be in [0, 2**32)"),
+    (["collect", "--out", "x", "--prompts", "2", "--policy", "greedy"], "unknown unmasking policy 'greedy'"),
+    (["train-drafter", "--trajectories", "/nowhere", "--out", "x.pt"], "/nowhere holds no trajectories"),
+    (["fit-gamma", "--drafter", "x.pt", "--trajectories", "/nowhere", "--budget", "0"], "--budget must be >= 1, got 0"),
+    (["spiffy-calibrate", "--out", "g.json", "--prompts", "0"], "--prompts (0), --max-nodes (10), --max-depth (6) and --topk (8) must be >= 1"),
+    (["spiffy-calibrate", "--out", "g.json", "--seed", "-5"], "seed must be in [0, 2**32)"),
+    (["nightly", "--suite", "/nowhere.toml"], "suite file /nowhere.toml does not exist"),
+    (["compare"], "compare needs --experiment NAME (MLflow) or --results FILE..."),
+    (["train-target", "--out", "t", "--steps", "0"], "steps must be >= 1, got 0"),
+    (["nonsense"], "argument command: invalid choice: 'nonsense'"),
+    ([*DECODE, "--threads", "0"], "--threads must be >= 1, got 0"),
+    (["collect", "--out", "x", "--prompts", "2", "--threads", "0"], "--threads must be >= 1, got 0"),
+]
+
+
+@pytest.mark.parametrize(("args", "message"), CLI_CASES, ids=[" ".join(a[:1] + a[3:])[:60] for a, _ in CLI_CASES])
+def test_the_command_line_refuses_bad_input_before_loading(args, message, capsys, no_load, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as end:
+        main(args)
+    assert end.value.code == 2
+    assert message in one_error_line(capsys)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--chat"], "--chat needs a chat template, and the tokenizer of"),
+        (["--gen-length", "1000"], "needs 1008 positions (whole blocks of 16); the model has 512"),
+    ],
+)
+def test_what_only_the_loaded_model_can_tell_is_one_line_too(tiny, args, message, capsys):
+    with pytest.raises(SystemExit) as end:
+        main(["decode", "--target", tiny, "--prompt", "t1 t2", *args])
+    assert end.value.code == 2 and message in one_error_line(capsys)
+
+
+# (model_args as lm-eval hands them over, part of the message). lm-eval coerces numbers: `budgets=-1`
+# arrives as -1.0 and `top_k=2.5` as 2.5; everything else as a string.
+LM_CASES = [
+    ({"temperature": "inf"}, "temperature must be a finite number, got inf"),
+    ({"temperature": "abc"}, "temperature='abc' is not a number"),
+    ({"temperature": -0.5}, "temperature must be >= 0"),
+    ({"top_k": 2.5}, "top_k=2.5 is not a whole number"),
+    ({"top_p": 0}, "top_p must be in (0, 1]"),
+    ({"threshold": 2}, "threshold must be in (0, 1]"),
+    ({"seed": 4294967296}, "seed must be in [0, 2**32), got 4294967296"),
+    ({"device": "foo"}, "device='foo' is not a device; use cpu, cuda or cuda:N"),
+    ({"dtype": "int4"}, "unknown dtype 'int4'; choose auto, float32, bfloat16, float16"),
+    ({"budgets": -1.0}, "method 'spot': budget must be >= 1, got -1"),
+    ({"budgets": "abc"}, "budgets='abc' is not a whole number"),
+    ({"budgets": 8.5}, "budgets='8.5' is not a whole number"),
+    ({"block_length": 16.5}, "block_length=16.5 is not a whole number"),
+    ({"block_length": 7}, "no spot drafter ships for block length 7"),
+    ({"gen_length": 8}, "gen_length 8 is below one block (32)"),
+    ({"gen_length": "many"}, "gen_length='many' is not a whole number"),
+    ({"fail_on_divergence": "ture"}, "fail_on_divergence='ture' is not a boolean; write fail_on_divergence=true or fail_on_divergence=false"),
+    ({"exact": "maybe"}, "exact='maybe' is not a boolean"),
+    ({"reference": False}, "reference=False leaves nothing to compare the methods with"),
+    ({"methods": "spott"}, "unknown method 'spott'"),
+    ({"methods": "", "budgets": "8"}, "budgets=8 given without a drafter-based method"),
+    ({"methods": "spot", "spot_gamma": ""}, "list items are joined with '+'"),
+    ({"methods": "oracle@0"}, "budget must be >= 1"),
+    ({"methods": "spot:/nowhere.pt"}, "spot drafter file /nowhere.pt does not exist"),
+    ({"methods": f"spot:{SPIFFY_GRAPH}"}, "is not an order-model checkpoint"),
+    ({"methods": f"spiffy@3:{SPOT_CHECKPOINT}"}, "is not a Spiffy graph"),
+    ({"unmasking": "greedy"}, "unknown unmasking policy 'greedy'"),
+    ({"pretrained": "/nowhere"}, "target /nowhere is not a directory"),
+    ({"nonsense": 1}, "unknown model_args nonsense"),
+    ({"threads": 0}, "threads=0: use threads >= 1"),
+    ({"threads": 1.5}, "threads=1.5 is not a whole number"),
+]
+
+
+@pytest.mark.parametrize(("model_args", "message"), LM_CASES, ids=[str(a)[:50] for a, _ in LM_CASES])
+def test_model_args_are_refused_before_loading_and_before_mlflow(model_args, message, no_load, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises((ValueError, FileNotFoundError)) as err:
+        lm.SpotLM(**{"device": "cpu", **model_args})
+    assert message in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_an_output_dir_that_cannot_be_made_is_refused_before_loading(tmp_path, no_load):
+    existing = tmp_path / "a-file"
+    existing.write_text("x")
+    for path, message in ((existing, "is an existing file; name a directory"),
+                          (existing / "run", "is not a writable directory")):
+        with pytest.raises(ValueError, match=message):
+            lm.SpotLM(device="cpu", output_dir=str(path))
+
+
+OFFLINE = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+
+
+@pytest.mark.parametrize(
+    ("model_args", "message"),
+    [
+        ("temperature=inf", "error: temperature must be a finite number, got inf"),
+        ("budgets=-1", "error: method 'spot': budget must be >= 1, got -1"),
+        ("output_dir={file}", "is an existing file; name a directory"),
+    ],
+)
+def test_the_real_lm_eval_command_prints_one_line_and_exits_2(model_args, message, tmp_path):
+    lm_eval = shutil.which("lm_eval", path=str(Path(sys.executable).parent))
+    existing = tmp_path / "a-file"
+    existing.write_text("x")
+    run = subprocess.run(
+        [lm_eval, "--model", "spot", "--model_args", "device=cpu," + model_args.format(file=existing),
+         "--tasks", "spot_gsm8k", "--include_path", str(Path(__file__).parent.parent / "tasks"), "--limit", "1"],
+        capture_output=True, text=True, env=OFFLINE, cwd=tmp_path, timeout=300,
+    )
+    assert run.returncode == 2, run.stderr[-2000:]
+    errors = [line for line in run.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and message in errors[0] and "Traceback" not in run.stderr
+    assert not (tmp_path / "mlflow.db").exists()  # no MLflow run was opened
