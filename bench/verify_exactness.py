@@ -71,13 +71,14 @@ def compare(target: SDARTarget, cases, pieces: int, configs: dict[str, DecodeCon
         together = target.verify(packed, start)  # same cache, P pieces in one forward
         worst = max(worst, float((together - alone).abs().max()))
         for r in range(pieces):
-            noise = noise_key(block, int(order[r]))
+            step = int(order[r])
+            noise = noise_key(block, step)
             for policy, config in configs.items():
-                after, proposal = decide(packed[r], alone[r], noise, config, mask, margins=True)
-                other, _ = decide(packed[r], together[r], noise, config, mask)
+                after, proposal = decide(packed[r], alone[r], noise, config, mask, step, margins=True)
+                other, _ = decide(packed[r], together[r], noise, config, mask, step)
                 if not torch.equal(after, other):
-                    _, margin = flip(packed[r], after, other, proposal, config, mask)
-                    flips[policy].append((margin, Margins.of(packed[r], after, proposal, config, mask)))
+                    _, margin = flip(packed[r], after, other, proposal, config, mask, step)
+                    flips[policy].append((margin, Margins.of(packed[r], after, proposal, config, mask, step)))
         n += pieces
     rows = []
     for policy, found in flips.items():

@@ -10,7 +10,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-POLICIES = ("single", "threshold")
+POLICIES = ("single", "threshold", "static", "dynamic")
+SCHEDULED = ("static", "dynamic")  # the policies that follow SDAR's per-step commit counts (`steps`)
 SEED_LIMIT = 2**32  # the noise key mixes the seed as one 32-bit word (spot.noise): larger seeds would alias
 
 
@@ -56,7 +57,14 @@ class DecodeConfig:
 
     policy: "single" commits the most confident masked position per step (SDAR
         low_confidence_static, one token per step); "threshold" also commits every masked
-        position whose confidence is >= `threshold` (Fast-dLLM's parallel rule).
+        position whose confidence is >= `threshold` (Fast-dLLM's parallel rule). SDAR's decoders:
+        "static" commits the k_s most confident masked positions at step s of a block (SDAR's
+        low_confidence_static), "dynamic" every masked position with confidence > `threshold`
+        (strictly) when there are at least k_s of them, else the k_s most confident (SDAR's
+        low_confidence_dynamic); k_s is SDAR's `get_num_transfer_tokens` split of the block into
+        `steps` steps.
+    steps: denoising steps per block for static and dynamic (SDAR's `denoising_steps`; None: the
+        block length, one commit per step).
     block_length: positions per block (K).
     gen_length: the most new tokens to produce.
     seed: the root of the counter-keyed noise; (seed, request) fixes the whole output.
@@ -66,6 +74,7 @@ class DecodeConfig:
 
     policy: str = "single"
     threshold: float = 0.9
+    steps: int | None = None
     block_length: int = 32
     gen_length: int = 256
     sampling: Sampling = Sampling()
@@ -89,3 +98,19 @@ class DecodeConfig:
             raise ValueError(f"budget must be >= 0 (0 = draft-free decoding), got {self.budget}")
         if not 0 <= self.seed < SEED_LIMIT:
             raise ValueError(f"seed must be in [0, 2**32), got {self.seed}: the noise key holds 32 bits of it")
+        if self.steps is not None:
+            _whole("steps", self.steps)
+            if self.policy not in SCHEDULED:
+                raise ValueError(f"steps applies to the {' and '.join(SCHEDULED)} policies, not {self.policy!r}; drop steps")
+            if not 1 <= self.steps <= self.block_length:
+                raise ValueError(f"steps must be in [1, block_length = {self.block_length}], got {self.steps}")
+
+    def commit_count(self, step: int) -> int:
+        """k_s: how many of the most confident masked positions step `step` of a block commits (at
+        least; the threshold rules may add more). SDAR's get_num_transfer_tokens: block_length // steps
+        each, the remainder one each to the first steps; 1 for single and threshold."""
+        if self.policy not in SCHEDULED:
+            return 1
+        steps = self.steps or self.block_length
+        base, remainder = divmod(self.block_length, steps)
+        return base + (min(step, steps - 1) < remainder)

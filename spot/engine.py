@@ -233,7 +233,7 @@ def _decode_block(target, state, start, block, lo, hi, config, drafter, request,
         while True:  # follow the target down the tree
             prior, stale, stale_state = stale, logits[node], tree.states[node]
             state, proposal = decide(stale_state.to(logits.device), stale, step_noise(step + advanced), config, mask_id,
-                                     margins=recorder.margins)
+                                     step + advanced, margins=recorder.margins)
             state = state.cpu()
             if torch.equal(state, stale_state.cpu()):  # select() commits >= 1 position unless its inputs are broken
                 raise RuntimeError(

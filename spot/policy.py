@@ -84,8 +84,14 @@ def propose(
     return Proposal(tokens=tokens, confidence=confidence, token_margin=(best - runner_up) * scale)
 
 
-def select(masked: torch.Tensor, confidence: torch.Tensor, config: DecodeConfig) -> torch.Tensor:
-    """Which masked positions one step commits.
+def ranked(masked: torch.Tensor, confidence: torch.Tensor) -> torch.Tensor:
+    """The masked positions, most confident first ([M] int64); ties go to the leftmost position."""
+    score = confidence.masked_fill(~masked, float("-inf"))
+    return torch.sort(score, descending=True, stable=True).indices[: int(masked.sum())]
+
+
+def select(masked: torch.Tensor, confidence: torch.Tensor, config: DecodeConfig, step: int = 0) -> torch.Tensor:
+    """Which masked positions step `step` of a block commits (DecodeConfig.policy says how).
 
     Args:
         masked: [K] bool, True where the state still holds the mask token (at least one).
@@ -93,16 +99,24 @@ def select(masked: torch.Tensor, confidence: torch.Tensor, config: DecodeConfig)
     Returns:
         [K] bool, the positions to commit (always >= 1, always a subset of `masked`).
     """
-    score = confidence.masked_fill(~masked, float("-inf"))
     chosen = torch.zeros_like(masked)
-    chosen[torch.argmax(score)] = True  # ties go to the leftmost position
+    chosen[ranked(masked, confidence)[: config.commit_count(step)]] = True
     if config.policy == "threshold":
         chosen |= masked & (confidence >= config.threshold)
+    elif config.policy == "dynamic":
+        confident = masked & (confidence > config.threshold)  # strictly, as SDAR writes it
+        if int(confident.sum()) >= config.commit_count(step):
+            chosen = confident
     return chosen
 
 
 def next_state(
-    state: torch.Tensor, logits: torch.Tensor, gumbel: torch.Tensor | None, config: DecodeConfig, mask_id: int
+    state: torch.Tensor,
+    logits: torch.Tensor,
+    gumbel: torch.Tensor | None,
+    config: DecodeConfig,
+    mask_id: int,
+    step: int = 0,
 ) -> torch.Tensor:
     """One draft-free step: the state the target moves to from `state`.
 
@@ -110,10 +124,11 @@ def next_state(
         state: [K] int64 with at least one mask.
         logits: [K, V] the target's logits at `state`.
         gumbel: [K, V] the noise of this step (None at T = 0).
+        step: the step's index within its block (the static and dynamic schedules depend on it).
     Returns:
         [K] int64, `state` with the chosen positions committed.
     """
-    return decide(state, logits, gumbel, config, mask_id)[0]
+    return decide(state, logits, gumbel, config, mask_id, step)[0]
 
 
 def decide(
@@ -122,11 +137,12 @@ def decide(
     gumbel: torch.Tensor | None,
     config: DecodeConfig,
     mask_id: int,
+    step: int = 0,
     margins: bool = False,
 ) -> tuple[torch.Tensor, Proposal]:
     """`next_state`, and the proposal it was decided on (with token margins on request)."""
     proposal = propose(logits, gumbel, config.sampling, mask_id, margins)
-    chosen = select(state == mask_id, proposal.confidence, config)
+    chosen = select(state == mask_id, proposal.confidence, config, step)
     return torch.where(chosen, proposal.tokens, state), proposal
 
 
@@ -134,10 +150,11 @@ def decide(
 class Margins:
     """How near one draft-free step came to another outcome; each >= 0, and a small one is a near-tie.
 
-    position: log c(top-1) - log c(runner-up) over the masked positions (None with one masked):
-        which position the `single` rule, and the threshold rule's top-1, commits.
-    threshold: min |log c - log tau| over the masked positions besides the top-1 (`threshold` only):
-        whether a position clears tau.
+    position: log c(k-th) - log c(k+1-th) over the masked positions, k the step's commit count
+        (None when no position is left beside them): which positions the ranked part of the rule
+        commits (the top-1 of single and threshold, the top-k_s of static and dynamic).
+    threshold: min |log c - log tau| over the masked positions, the top-1 aside for `threshold`
+        (None for the policies without a threshold): whether a position clears tau.
     token: min of the token's lead over the runner-up, in logit units (logits + T * noise), over the
         committed positions at T = 0 and over every masked position at T > 0: which token a position
         gets, and at T > 0 with it the confidence it is ranked by (the drawn token's probability jumps
@@ -154,19 +171,24 @@ class Margins:
     token: float
 
     @classmethod
-    def of(cls, before: torch.Tensor, after: torch.Tensor, proposal: Proposal, config: DecodeConfig, mask_id: int) -> Margins:
-        """The margins of the step before -> after ([K] states), decided on `proposal` (with token margins)."""
+    def of(
+        cls, before: torch.Tensor, after: torch.Tensor, proposal: Proposal, config: DecodeConfig, mask_id: int, step: int = 0
+    ) -> Margins:
+        """The margins of step `step` (of its block), before -> after ([K] states), decided on `proposal`
+        (with token margins)."""
         masked = before == mask_id
         committed = masked & (after != mask_id)
-        log_c = proposal.confidence.to(before.device).log().masked_fill(~masked, float("-inf"))  # [K]
-        ranked = torch.sort(log_c, descending=True).values
-        position = float(ranked[0] - ranked[1]) if int(masked.sum()) > 1 else None
+        log_c = proposal.confidence.to(before.device).log()  # [K]
+        order = ranked(masked, log_c)  # [M]
+        k = config.commit_count(step)
+        position = float(log_c[order[k - 1]] - log_c[order[k]]) if len(order) > k else None
         threshold = None
-        if config.policy == "threshold":
-            others = masked.clone()
-            others[torch.argmax(log_c)] = False
-            if bool(others.any()):
-                threshold = float((log_c[others] - math.log(config.threshold)).abs().min())
+        if config.policy in ("threshold", "dynamic"):
+            tested = masked.clone()
+            if config.policy == "threshold":
+                tested[order[0]] = False  # committed whatever its confidence
+            if bool(tested.any()):
+                threshold = float((log_c[tested] - math.log(config.threshold)).abs().min())
         decides_token = masked if config.sampling.temperature > 0 else committed
         return cls(position, threshold, float(proposal.token_margin.to(before.device)[decides_token].min()))
 

@@ -25,10 +25,23 @@ class Command:
 
 
 def _target_flags(p: argparse.ArgumentParser) -> None:
-    """The flags that choose the target and where it runs (decode, collect, spiffy-calibrate)."""
-    p.add_argument("--target", default=str(EMBEDDED_TARGET), help="model directory (default: the embedded target)")
+    """The flags that choose the target and where it runs (decode, collect, spiffy-calibrate); the same
+    names as lm_eval's model_args."""
+    p.add_argument("--pretrained", "--target", dest="pretrained", default=str(EMBEDDED_TARGET),
+                   help="model directory or hub id org/name (default: the embedded target; --target is the old name)")
+    p.add_argument("--revision", default=None, help="the hub id's branch, tag or commit (default: main)")
     p.add_argument("--block-length", type=int, default=None, help="default: the checkpoint's block_size")
     p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="auto", help="auto (float32 on cpu, bfloat16 on cuda) | float32 | bfloat16 | float16")
+
+
+def _target(args: argparse.Namespace) -> tuple[str, object]:
+    """The checkpoint directory (a hub id resolved through the HF cache) and the dtype, checked."""
+    from spot_eval.checkpoints.target import resolve_checkpoint
+    from spot_eval.harness.settings import resolve_device, resolve_dtype
+
+    dtype = resolve_dtype("--dtype", args.dtype, resolve_device("--device", args.device, fall_back=False))
+    return str(resolve_checkpoint(args.pretrained, args.revision)), dtype
 
 
 def _threads_flag(p: argparse.ArgumentParser, text: str = "torch CPU threads (default: torch's choice)") -> None:
@@ -48,8 +61,11 @@ def _decode_flags(p: argparse.ArgumentParser) -> None:
     _target_flags(p)
     p.add_argument("--method", default="draft_free", help="draft_free or a drafter: spot, spot_gamma, spiffy, random, adversarial, oracle")
     p.add_argument("--budget", type=int, default=0, help="draft nodes per verify forward (0 with draft_free)")
-    p.add_argument("--unmasking", default="single", help="single | threshold")
+    p.add_argument("--unmasking", default="single",
+                   help="single | threshold (Fast-dLLM) | static | dynamic (SDAR's low_confidence_static / _dynamic)")
     p.add_argument("--threshold", type=float, default=0.9)
+    p.add_argument("--steps", type=int, default=None,
+                   help="SDAR's denoising steps per block, for static and dynamic (default: the block length)")
     p.add_argument("--gen-length", type=int, default=256)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-k", type=int, default=0)
@@ -68,8 +84,9 @@ def _decode(args: argparse.Namespace) -> None:
     from spot_eval.harness.decode import decode_prompt
 
     _set_threads(args)
+    path, dtype = _target(args)
     result = decode_prompt(
-        target=args.target,
+        target=path,
         method=args.method,
         budget=args.budget,
         policy=args.unmasking,
@@ -85,6 +102,8 @@ def _decode(args: argparse.Namespace) -> None:
         device=args.device,
         drafter_path=args.drafter,
         exact=args.exact,
+        dtype=dtype,
+        steps=args.steps,
     )
     if args.json:
         print(json.dumps(result))
@@ -166,8 +185,10 @@ def _collect(args: argparse.Namespace) -> None:
     from spot_eval.training.collect import collect
 
     _set_threads(args)
+    path, dtype = _target(args)
     result = collect(
-        target=args.target,
+        target=path,
+        dtype=dtype,
         out=args.out,
         policy=args.policy,
         block_length=args.block_length,
@@ -253,8 +274,10 @@ def _spiffy_calibrate(args: argparse.Namespace) -> None:
     from spot_eval.training.spiffy_calibrate import calibrate
 
     _set_threads(args)
+    path, dtype = _target(args)
     result = calibrate(
-        target=args.target,
+        target=path,
+        dtype=dtype,
         out=args.out,
         block_length=args.block_length,
         prompts=args.prompts,

@@ -8,7 +8,14 @@ from pathlib import Path
 import pytest
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+from transformers import (
+    PreTrainedModel,
+    PreTrainedTokenizerFast,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+    Qwen3MoeConfig,
+    Qwen3MoeForCausalLM,
+)
 
 from spot.targets.sdar import SDARTarget
 
@@ -17,16 +24,14 @@ MASK_ID = 63
 EOS_ID = 62
 
 
-def tiny_qwen3(seed: int = 0, vocab: int = VOCAB, hidden: int = 32, layers: int = 2, scale: float = 2.0) -> Qwen3ForCausalLM:
-    """A 2-layer Qwen3 with a wide initialisation and a scaled-up output head, so outputs vary and
-    distributions are peaked like a trained model's (confidences spread over (0, 1), which
-    exercises the threshold policy)."""
+def _tiny(model_class, config_class, seed: int, scale: float, **fields) -> PreTrainedModel:
+    """A tiny randomly initialised model: 4 heads (2 KV heads), 512 positions, a wide initialisation and
+    an output head scaled by `scale`, so that outputs vary and distributions are peaked like a trained
+    model's (confidences spread over (0, 1), which exercises the threshold policies)."""
     torch.manual_seed(seed)
-    config = Qwen3Config(
-        vocab_size=vocab,
-        hidden_size=hidden,
+    hidden = fields["hidden_size"]
+    config = config_class(
         intermediate_size=2 * hidden,
-        num_hidden_layers=layers,
         num_attention_heads=4,
         num_key_value_heads=2,
         head_dim=hidden // 4,
@@ -34,11 +39,27 @@ def tiny_qwen3(seed: int = 0, vocab: int = VOCAB, hidden: int = 32, layers: int 
         tie_word_embeddings=False,
         initializer_range=0.3,
         attn_implementation="sdpa",
+        **fields,
     )
-    model = Qwen3ForCausalLM(config).eval()
+    model = model_class(config).eval()
     with torch.no_grad():
         model.lm_head.weight.mul_(scale)
     return model
+
+
+def tiny_qwen3(seed: int = 0, vocab: int = VOCAB, hidden: int = 32, layers: int = 2, scale: float = 2.0) -> Qwen3ForCausalLM:
+    """A 2-layer Qwen3."""
+    return _tiny(Qwen3ForCausalLM, Qwen3Config, seed, scale, vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers)
+
+
+def tiny_qwen3_moe(seed: int = 0, vocab: int = VOCAB, hidden: int = 32, layers: int = 2, scale: float = 2.0) -> Qwen3MoeForCausalLM:
+    """A 2-layer Qwen3-MoE shaped like SDAR-30B-A3B (Qwen3-30B-A3B): every layer sparse, top-k routing
+    renormalised over the chosen experts (norm_topk_prob), here 8 experts and 2 a token."""
+    return _tiny(
+        Qwen3MoeForCausalLM, Qwen3MoeConfig, seed, scale, vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers,
+        moe_intermediate_size=hidden // 2, num_experts=8, num_experts_per_tok=2, norm_topk_prob=True,
+        decoder_sparse_step=1, mlp_only_layers=[],
+    )
 
 
 def tiny_target(
@@ -48,10 +69,12 @@ def tiny_target(
     return SDARTarget(model, mask_id=MASK_ID, eos_ids=eos_ids, block_length=block_length, exact=exact)
 
 
-def write_checkpoint(path: Path, config_overrides: dict | None = None, tokenizer_vocab: int = 64) -> Path:
-    """A tiny SDAR-style model directory: Qwen3 weights, block_size 16, a word-level tokenizer
-    (token i is the word "t<i>"), no chat template."""
-    model = tiny_qwen3()
+def write_checkpoint(
+    path: Path, config_overrides: dict | None = None, tokenizer_vocab: int = 64, model: PreTrainedModel | None = None
+) -> Path:
+    """A tiny SDAR-style model directory: Qwen3 weights (or `model`'s), block_size 16, a word-level
+    tokenizer (token i is the word "t<i>"), no chat template."""
+    model = model or tiny_qwen3()
     model.config.block_size = 16
     model.config.mask_token_id = MASK_ID
     model.config.eos_token_id = EOS_ID

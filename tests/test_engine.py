@@ -96,22 +96,43 @@ def test_every_drafter_and_budget_reproduces_draft_free(block_length, gen_length
     assert stopped.finish_reason == "eos" and stopped.token_ids == reference.token_ids[:index]
 
 
+@pytest.mark.parametrize(
+    "policy, steps", [("static", 4), ("static", 16), ("dynamic", 4), ("dynamic", 16)], ids=lambda v: str(v)
+)
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_sdar_schedules_are_lossless_with_every_drafter_and_budget(policy, steps, temperature):
+    """SDAR's low_confidence_static (k commits a step) and low_confidence_dynamic (strict threshold with a
+    top-k fallback). The drafters propose one commit per edge, so under k > 1 only verification decides."""
+    config = DecodeConfig(policy=policy, steps=steps, threshold=0.5, block_length=16, gen_length=45,
+                          sampling=Sampling(temperature=temperature), seed=5)
+    target = tiny_target(16, seed=steps + int(temperature), eos_ids=frozenset())
+    prompt = prompt_ids(steps, 21)
+    reference = generate(target, prompt, config, record=True)
+    assert reference.stats.steps <= 4 * steps  # four blocks (the prompt fills part of the first), `steps` steps at most each
+    for drafter in drafters(reference):
+        for budget in (1, 8, 20):
+            got = generate(target, prompt, with_budget(config, budget), drafter=drafter)
+            assert got.token_ids == reference.token_ids, (drafter.name, budget)
+    oracle = generate(target, prompt, with_budget(config, 8), drafter=OracleDrafter(reference.trajectory))
+    assert oracle.stats.forwards < reference.stats.forwards
+
+
 @settings(max_examples=18, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     seed=st.integers(0, 10_000),
     prompt_length=st.integers(1, 40),
     gen_length=st.integers(1, 50),
     temperature=st.sampled_from(TEMPERATURES),
-    policy=st.sampled_from(["single", "threshold"]),
+    policy=st.sampled_from(["single", "threshold", "static", "dynamic"]),
     budget=st.sampled_from(BUDGETS),
     numerics=st.sampled_from(NUMERICS),
 )
 def test_random_prompts_and_lengths_are_lossless(seed, prompt_length, gen_length, temperature, policy, budget, numerics):
     dtype, exact = numerics
     target = tiny_target(16, seed=seed % 3, dtype=dtype, exact=exact)
-    config = DecodeConfig(
-        policy=policy, threshold=0.5, block_length=16, gen_length=gen_length, sampling=Sampling(temperature=temperature), seed=seed
-    )
+    steps = (4, 8, 16)[seed % 3] if policy in ("static", "dynamic") else None
+    config = DecodeConfig(policy=policy, threshold=0.5, steps=steps, block_length=16, gen_length=gen_length,
+                          sampling=Sampling(temperature=temperature), seed=seed)
     prompt = prompt_ids(seed, prompt_length)
     reference = generate(target, prompt, config, record=True)
     assert len(reference.token_ids) <= gen_length

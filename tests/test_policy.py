@@ -115,15 +115,17 @@ def test_a_logit_error_flips_only_decisions_within_the_bounds():
     assert Margins(position=None, threshold=0.19, token=5.0).within(0.1, 0.0)
 
 
-@pytest.mark.parametrize("policy", ["single", "threshold"])
+@pytest.mark.parametrize("policy", ["single", "threshold", "static", "dynamic"])
 @pytest.mark.parametrize("temperature", [0.0, 0.7, 1.5])
 def test_every_step_that_a_small_logit_error_flips_was_within_its_bounds(policy, temperature):
     """The soundness of Margins.bounds: perturb every logit by at most delta; whenever the step's outcome
     changes, the unperturbed step's margins say it could (`within`)."""
     g = torch.Generator().manual_seed(7)
     delta, flips = 0.3, 0
-    config = DecodeConfig(policy=policy, threshold=0.3, sampling=Sampling(temperature=temperature))
-    for _ in range(1000):
+    steps = 3 if policy in ("static", "dynamic") else None  # 6 positions in 3 steps: 2 commits a step
+    config = DecodeConfig(policy=policy, threshold=0.3, steps=steps, block_length=6, sampling=Sampling(temperature=temperature))
+    for trial in range(1000):
+        step = trial % 3
         logits = 2 * torch.randn(6, 10, generator=g, dtype=torch.float64)
         state = torch.where(torch.rand(6, generator=g) < 0.7, M, 5)
         state[0] = M
@@ -131,10 +133,39 @@ def test_every_step_that_a_small_logit_error_flips_was_within_its_bounds(policy,
         if temperature > 0:
             noise = -torch.log(-torch.log(torch.rand(6, 10, generator=g, dtype=torch.float64)))
         error = (2 * torch.rand(6, 10, generator=g, dtype=torch.float64) - 1) * delta
-        after = next_state(state, logits, noise, config, M)
-        if torch.equal(next_state(state, logits + error, noise, config, M), after):
+        after = next_state(state, logits, noise, config, M, step)
+        if torch.equal(next_state(state, logits + error, noise, config, M, step), after):
             continue
         flips += 1
         proposal = propose(logits, noise, config.sampling, M, margins=True)
-        assert Margins.of(state, after, proposal, config, M).within(delta, temperature)
+        assert Margins.of(state, after, proposal, config, M, step).within(delta, temperature)
     assert flips > 10  # the perturbation is large enough to test something
+
+
+def test_sdar_schedules_split_a_block_as_get_num_transfer_tokens_does():
+    """block_length // steps commits a step, the remainder one each to the first steps."""
+    assert [DecodeConfig(policy="static", block_length=32, steps=4).commit_count(s) for s in range(4)] == [8] * 4
+    assert [DecodeConfig(policy="static", block_length=10, steps=4).commit_count(s) for s in range(4)] == [3, 3, 2, 2]
+    assert DecodeConfig(policy="dynamic", block_length=4).commit_count(3) == 1  # steps defaults to the block length
+    assert DecodeConfig(policy="single").commit_count(5) == DecodeConfig(policy="threshold").commit_count(0) == 1
+    with pytest.raises(ValueError, match="steps applies to the static and dynamic policies"):
+        DecodeConfig(policy="single", steps=4)
+    with pytest.raises(ValueError, match=r"steps must be in \[1, block_length = 8\], got 9"):
+        DecodeConfig(policy="static", block_length=8, steps=9)
+
+
+def test_static_commits_the_k_most_confident_and_dynamic_the_confident_set_or_the_k_most_confident():
+    state = torch.tensor([M, M, M, M, 5])
+    # confidences about 0.72, 0.36, 0.98, 0.95 (a peak of 3, 1.5, 6, 5 against 8 zeros; the mask token is excluded)
+    logits = logits_for([(1, 3.0), (2, 1.5), (3, 6.0), (4, 5.0), (5, 9.0)])
+    static = DecodeConfig(policy="static", block_length=5, steps=2)  # 3 then 2 commits
+    assert next_state(state, logits, None, static, M, step=0).tolist() == [1, M, 3, 4, 5]
+    assert next_state(state, logits, None, static, M, step=1).tolist() == [M, M, 3, 4, 5]
+    confidence = propose(logits, None, Sampling(), M).confidence
+    tau = float((confidence[2] + confidence[3]) / 2)  # only position 2 clears it
+    dynamic = DecodeConfig(policy="dynamic", threshold=tau, block_length=5, steps=5)  # k_s = 1
+    assert next_state(state, logits, None, dynamic, M).tolist() == [M, M, 3, M, 5]
+    two = DecodeConfig(policy="dynamic", threshold=tau, block_length=5, steps=2)  # k_0 = 3 > one confident position
+    assert next_state(state, logits, None, two, M).tolist() == [1, M, 3, 4, 5]
+    exactly = DecodeConfig(policy="dynamic", threshold=float(confidence[3]), block_length=5)  # strictly greater
+    assert next_state(state, logits, None, exactly, M).tolist() == [M, M, 3, M, 5]

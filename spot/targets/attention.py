@@ -15,10 +15,10 @@ true of the CPU kernels measured here (bf16 at any row count, fp32 from 4 rows, 
 length 4); on CUDA, cuBLAS picks its kernel by shape, so there it takes batch-invariant matmuls
 (README, "Exactness").
 
-The layout reaches the model as its `attention_mask` argument (a `PieceLayout` where transformers
-would pass a mask tensor), and `piece_attention` is registered with transformers as the attention
-implementation `PIECES`. Given a mask tensor it is transformers' SDPA attention, so one model serves
-an exact and a packed target alike.
+The layout reaches the attention as a keyword argument of the model's forward (`piece_layout=`,
+which transformers hands every attention call), and `piece_attention` is registered with
+transformers as the attention implementation `PIECES`. Without a layout it is transformers' SDPA
+attention on the mask it is given, so one model serves an exact and a packed target alike.
 """
 
 from __future__ import annotations
@@ -52,14 +52,16 @@ def piece_attention(
     query: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,
-    attention_mask: PieceLayout | torch.Tensor | None,
+    attention_mask: torch.Tensor | None,
     scaling: float | None = None,
+    piece_layout: PieceLayout | None = None,
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
     """transformers' attention-function contract: query [1, H, q, d], key/value [1, Hkv, cached + q, d]
-    (the cache already updated) -> ([1, q, H, d], no weights)."""
-    layout = attention_mask
-    if not isinstance(layout, PieceLayout):  # the packed layout's mask tensor
+    (the cache already updated) -> ([1, q, H, d], no weights). With `piece_layout` the mask transformers
+    prepared is not used."""
+    layout = piece_layout
+    if layout is None:  # the packed layout: its mask tensor
         return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
     heads, dim = query.shape[1], query.shape[-1]
     groups = heads // key.shape[1]

@@ -1,8 +1,10 @@
-"""SDAR-style targets: a transformers-native Qwen3 decoder with block-causal attention.
+"""SDAR-style targets: transformers-native Qwen3 (dense or MoE) decoders with block-causal attention.
 
-SDAR checkpoints (JetLM/SDAR-*-Chat[-bN]) ship Qwen3 weight names under `model_type: "sdar"` and
-remote code; we read their config.json ourselves, build a plain `Qwen3Config`, and load the weights
-into `Qwen3ForCausalLM` without remote code. The attention pattern reaches the model only as an
+SDAR checkpoints (JetLM/SDAR-*-Chat[-bN], and the MoE SDAR-30B-A3B-Chat/-Sci) ship Qwen3 / Qwen3-MoE
+weight names under `model_type: "sdar"` / `"sdar_moe"` and remote code; we read their config.json
+ourselves, build a plain `Qwen3Config` / `Qwen3MoeConfig`, and load the weights into
+`Qwen3ForCausalLM` / `Qwen3MoeForCausalLM` without remote code, with SDAR's RMSNorm numerics
+(`SDARRMSNorm`). The attention pattern reaches the model only as an
 explicit 4D boolean mask argument (True = may attend):
 
     rows of the pending prefix  -> the cache, and pending columns of the same or an earlier block
@@ -24,18 +26,89 @@ from __future__ import annotations
 
 import json
 import os
+import types
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from transformers import AutoTokenizer, DynamicCache, PreTrainedTokenizerBase, Qwen3Config, Qwen3ForCausalLM
+from torch import nn
+from transformers import (
+    AutoTokenizer,
+    DynamicCache,
+    PretrainedConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+    Qwen3MoeConfig,
+    Qwen3MoeForCausalLM,
+)
+from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
+from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeExperts, Qwen3MoeRMSNorm
 
 from spot.targets.attention import PIECES, PieceLayout
 
-# Fields of SDAR's config.json that only its remote code reads.
 SAFE_FRACTION = 0.5  # of the free memory one verify may plan to use: the estimate leaves out temporaries
+# Fields of SDAR's config.json that only its remote code reads.
 _REMOTE_ONLY_FIELDS = ("auto_map", "architectures", "attn_implementation", "model_type")
+# config.json's model_type -> the transformers classes that hold its weights (same names, no remote code).
+FAMILIES: dict[str, tuple[type[PretrainedConfig], type[PreTrainedModel]]] = {
+    "sdar": (Qwen3Config, Qwen3ForCausalLM),
+    "qwen3": (Qwen3Config, Qwen3ForCausalLM),
+    "sdar_moe": (Qwen3MoeConfig, Qwen3MoeForCausalLM),
+    "qwen3_moe": (Qwen3MoeConfig, Qwen3MoeForCausalLM),
+}
+
+
+class SDARRMSNorm(nn.Module):
+    """RMSNorm as SDAR's released inference path computes it (flash-attn's Triton `rms_norm_fn`): the
+    input normalised in fp32 and multiplied by the weight in fp32, then rounded to the input dtype once.
+    transformers' Qwen3RMSNorm rounds the normalised input first and multiplies in the input dtype: the
+    same in fp32, up to a rounding apart in bf16, where it was the main difference from SDAR's logits."""
+
+    def __init__(self, weight: nn.Parameter, eps: float) -> None:
+        super().__init__()
+        self.weight = weight
+        self.variance_epsilon = eps
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        x = hidden_states.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+        return (x * self.weight.float()).to(hidden_states.dtype)
+
+
+MIN_ROWS = 4  # CPU matmuls give a row the same result for every row count from 4 on (fp32; bf16 always)
+
+
+def _row_invariant_experts(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor):
+    """Qwen3-MoE's experts (transformers' Qwen3MoeExperts weights, gate_up_proj [E, 2F, d] and
+    down_proj [E, d, F]) with every expert's group of tokens padded to at least MIN_ROWS rows. How many
+    tokens an expert gets depends on the other pieces of a verify; without the padding a group of one to
+    three rows takes another fp32 matmul path than a larger one, and the exact layout would not be.
+
+    hidden_states: [T, d]; top_k_index, top_k_weights: [T, k]. Returns [T, d]: per token the weighted sum
+    of its experts' outputs, added in expert order (the same order whatever the grouping)."""
+    out = torch.zeros_like(hidden_states)
+    for expert in top_k_index.unique().tolist():
+        tokens, slot = torch.where(top_k_index == expert)  # [n] each
+        x = hidden_states[tokens]  # [n, d]
+        n = x.shape[0]
+        if n < MIN_ROWS:
+            x = torch.cat([x, x.new_zeros(MIN_ROWS - n, x.shape[1])])
+        gate, up = nn.functional.linear(x, self.gate_up_proj[expert]).chunk(2, dim=-1)  # [max(n, MIN_ROWS), F] each
+        y = nn.functional.linear(self.act_fn(gate) * up, self.down_proj[expert])[:n]  # [n, d]
+        out.index_add_(0, tokens, (y * top_k_weights[tokens, slot, None]).to(out.dtype))
+    return out
+
+
+def use_sdar_norms(model: nn.Module) -> None:
+    """Every Qwen3 / Qwen3-MoE RMSNorm of `model` (per-head q/k norms, layer and final norms) computed
+    as SDAR computes it, on the same weights."""
+    for parent in list(model.modules()):
+        for name, child in parent.named_children():
+            if isinstance(child, (Qwen3RMSNorm, Qwen3MoeRMSNorm)):
+                setattr(parent, name, SDARRMSNorm(child.weight, child.variance_epsilon))
 
 
 @dataclass(frozen=True)
@@ -50,8 +123,9 @@ class CheckpointInfo:
     vocab_size: int
 
 
-def read_checkpoint(path: str | Path) -> tuple[Qwen3Config, CheckpointInfo]:
-    """Map an SDAR (or SDAR-compatible Qwen3) config.json to a plain Qwen3Config.
+def read_checkpoint(path: str | Path) -> tuple[PretrainedConfig, CheckpointInfo]:
+    """Map an SDAR config.json (dense `sdar` or MoE `sdar_moe`, or an SDAR-style Qwen3 one) to a plain
+    transformers Qwen3 / Qwen3-MoE config, by its model_type (`FAMILIES`).
 
     Raises:
         FileNotFoundError / ValueError with a message naming the directory and the missing field.
@@ -67,8 +141,14 @@ def read_checkpoint(path: str | Path) -> tuple[Qwen3Config, CheckpointInfo]:
                 f"{config_file} has no {field!r}: this is not a block-diffusion (SDAR-style) checkpoint. "
                 f"Add {field} to config.json (SDAR uses mask_token_id 151669 and block_size 4/8/16/32/64)."
             )
+    model_type = raw.get("model_type", "qwen3")
+    if model_type not in FAMILIES:
+        raise ValueError(
+            f"{config_file} declares model_type {model_type!r}, which this adapter does not load; "
+            f"supported: {', '.join(FAMILIES)}"
+        )
     fields = {k: v for k, v in raw.items() if k not in _REMOTE_ONLY_FIELDS}
-    config = Qwen3Config(**fields)
+    config = FAMILIES[model_type][0](**fields)
     eos: set[int] = set()
     generation_file = path / "generation_config.json"
     sources = [raw.get("eos_token_id")]
@@ -99,7 +179,7 @@ class SDARTarget:
 
     def __init__(
         self,
-        model: Qwen3ForCausalLM,
+        model: Qwen3ForCausalLM | Qwen3MoeForCausalLM,
         mask_id: int,
         eos_ids: frozenset[int],
         block_length: int,
@@ -112,6 +192,10 @@ class SDARTarget:
         self.exact = exact
         if exact:
             model.set_attn_implementation(PIECES)
+            for module in model.modules():
+                if isinstance(module, Qwen3MoeExperts):
+                    module.forward = types.MethodType(_row_invariant_experts, module)
+        use_sdar_norms(model)
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.name = name
@@ -149,15 +233,15 @@ class SDARTarget:
                 f"({path}); the target was trained for {info.block_size}-token blocks",
                 stacklevel=2,
             )
-        tokenizer = AutoTokenizer.from_pretrained(str(path), trust_remote_code=trust_remote_code)
+        # Our config, not the directory's model_type (sdar): transformers would warn that it does not know it.
+        tokenizer = AutoTokenizer.from_pretrained(str(path), config=config, trust_remote_code=trust_remote_code)
         if tokenizer.convert_ids_to_tokens(info.mask_id) is None:
             raise ValueError(
                 f"the tokenizer in {path} has no token for mask_token_id {info.mask_id}; "
                 "add the mask token to the tokenizer (SDAR: <|MASK|>)"
             )
-        model = Qwen3ForCausalLM.from_pretrained(
-            str(path), config=config, dtype=dtype, attn_implementation=attn_implementation
-        ).to(device)
+        model_class = next(m for c, m in FAMILIES.values() if type(config) is c)
+        model = model_class.from_pretrained(str(path), config=config, dtype=dtype, attn_implementation=attn_implementation).to(device)
         return cls(model, info.mask_id, info.eos_ids, block_length, tokenizer=tokenizer, name=str(path), exact=exact)
 
     # -- the Target protocol ----------------------------------------------------------------------
@@ -185,11 +269,12 @@ class SDARTarget:
             [torch.arange(cached, start, device=self.device), torch.arange(start, start + k, device=self.device).repeat(n_pieces)]
         )[None]  # [1, Lp + P*K]
         if self.exact:
-            attention = {"full_attention": PieceLayout(cached, n_pending, n_pieces, k, self._pending_mask(cached, n_pending))}
+            layout = PieceLayout(cached, n_pending, n_pieces, k, self._pending_mask(cached, n_pending))
+            attention = {"attention_mask": None, "piece_layout": layout}
         else:
-            attention = self._mask(cached, n_pending, n_pieces)  # [1, 1, Lp + P*K, cached + Lp + P*K]
+            attention = {"attention_mask": self._mask(cached, n_pending, n_pieces)}  # [1, 1, Lp + P*K, cached + Lp + P*K]
         hidden = self.model.model(
-            input_ids=input_ids, position_ids=positions, attention_mask=attention, cache=self._cache, use_cache=True
+            input_ids=input_ids, position_ids=positions, cache=self._cache, use_cache=True, **attention
         ).last_hidden_state  # [1, Lp + P*K, d]
         logits = self.model.lm_head(hidden[0, n_pending:]).view(n_pieces, k, -1)  # [P, K, V]
         self._cache.crop(-(n_pieces * k))  # keep the completed blocks only

@@ -1,7 +1,8 @@
-"""Loading a target checkpoint directory, and the prompt encoding every command shares."""
+"""Loading a target checkpoint (a local directory or a hub id), and the prompt encoding every command shares."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import torch
@@ -9,17 +10,52 @@ import torch
 from spot.targets import CheckpointInfo, SDARTarget, read_checkpoint
 from spot_eval.checkpoints.fingerprint import weights_digest
 
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")  # org/name, as the hub spells repository ids
+
+
+def resolve_checkpoint(pretrained: str | Path, revision: str | None = None) -> Path:
+    """The local directory of a checkpoint: `pretrained` itself when it is a directory, else the snapshot
+    of the hub id `pretrained` (at `revision`) in the Hugging Face cache. Where the hub is reachable a
+    missing snapshot is downloaded; with HF_HUB_OFFLINE=1 only the cache is read.
+
+    Raises:
+        FileNotFoundError: one line naming the checkpoint and the command that fetches it.
+    """
+    if Path(pretrained).is_dir():
+        return Path(pretrained)
+    name = str(pretrained)
+    if not _HUB_ID.match(name):
+        raise FileNotFoundError(f"target {name} is not a directory, nor a hub id (org/name); pass a model directory or a hub id")
+    from huggingface_hub import constants, snapshot_download
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, OfflineModeIsEnabled
+
+    try:
+        return Path(snapshot_download(name, revision=revision))
+    except (LocalEntryNotFoundError, OfflineModeIsEnabled, HfHubHTTPError, OSError) as err:
+        at = f" at revision {revision}" if revision else ""
+        fetch = f"hf download {name}" + (f" --revision {revision}" if revision else "")
+        why = "HF_HUB_OFFLINE=1" if constants.HF_HUB_OFFLINE else f"the hub did not answer: {type(err).__name__}"
+        raise FileNotFoundError(
+            f"checkpoint {name}{at} is not in the Hugging Face cache ({constants.HF_HUB_CACHE}) and cannot be fetched "
+            f"here ({why}); fetch it once where the hub is reachable, with the same HF_HOME: {fetch}"
+        ) from None
+
 
 def checkpoint_info(path: str | Path) -> CheckpointInfo:
-    """What a target directory says about itself (ids, block size), read without loading weights."""
+    """What a checkpoint directory says about itself (ids, block size), read without loading weights."""
     if not Path(path).is_dir():
-        raise FileNotFoundError(f"target {path} is not a directory; pass --target PATH to a model directory")
+        raise FileNotFoundError(f"target {path} is not a directory; pass --pretrained PATH to a model directory")
     return read_checkpoint(path)[1]
 
 
-def load_target(path: str | Path, block_length: int | None, device: str = "cpu", exact: bool = False) -> SDARTarget:
+def load_target(
+    path: str | Path, block_length: int | None, device: str = "cpu", exact: bool = False, dtype: torch.dtype | None = None
+) -> SDARTarget:
+    """The target in a checkpoint directory (`resolve_checkpoint` finds one); dtype: float32 on a CPU and
+    bfloat16 elsewhere unless given."""
     checkpoint_info(path)
-    dtype = torch.float32 if str(device).startswith("cpu") else torch.bfloat16
+    if dtype is None:
+        dtype = torch.float32 if str(device).startswith("cpu") else torch.bfloat16
     return SDARTarget.from_pretrained(path, block_length=block_length, device=device, dtype=dtype, exact=exact)
 
 
@@ -32,6 +68,8 @@ def encode_prompt(target: SDARTarget, prompt: str, chat: bool) -> list[int]:
     return tokenizer(prompt, add_special_tokens=False)["input_ids"]
 
 
-def target_id(path: str | Path) -> str:
-    """A name for the target that is the same on every checkout: its directory name and weights digest."""
-    return f"{Path(path).name}@{weights_digest(Path(path))[:12]}"
+def target_id(pretrained: str | Path, path: str | Path) -> str:
+    """A name for the target that is the same on every checkout: what the user called it (a directory's
+    name, or the hub id) and the digest of the weights in its directory `path`."""
+    name = str(pretrained) if not Path(pretrained).is_dir() else Path(pretrained).name
+    return f"{name}@{weights_digest(Path(path))[:12]}"

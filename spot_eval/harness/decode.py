@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+import torch
+
 from spot import DecodeConfig, Sampling, generate
 from spot_eval.checkpoints.target import checkpoint_info, encode_prompt, load_target
 from spot_eval.harness.methods import KNOWN, MethodSpec, build_drafter, drafter_file
@@ -30,6 +32,8 @@ def decode_prompt(
     device: str = "cpu",
     drafter_path: str | None = None,
     exact: bool = False,
+    dtype: torch.dtype | None = None,
+    steps: int | None = None,
 ) -> dict:
     """drafter_path: the method's checkpoint or graph (default: the one shipped for the block
     length). With spiffy the budget is D*, the nodes kept by Spiffy's online pruning. exact: verify
@@ -45,6 +49,7 @@ def decode_prompt(
     config = DecodeConfig(
         policy=policy,
         threshold=threshold,
+        steps=steps,
         block_length=checkpoint_info(target).block_size if block_length is None else block_length,
         gen_length=gen_length,
         sampling=Sampling(temperature=temperature, top_k=top_k, top_p=top_p),
@@ -54,7 +59,7 @@ def decode_prompt(
     spec = None if method == DRAFT_FREE else MethodSpec(method, budget, drafter_path)
     if spec is not None:
         drafter_file(spec, config.block_length)
-    model = load_target(target, block_length, device, exact)
+    model = load_target(target, block_length, device, exact, dtype)
     ids = encode_prompt(model, prompt, chat)
     decode = model.tokenizer.decode
     drafter = None
@@ -81,4 +86,5 @@ def decode_prompt(
         "prompt_tokens": len(ids),
         "block_length": model.block_length,
         "exact": exact,
+        "dtype": str(model.model.dtype).removeprefix("torch."),
     }

@@ -19,9 +19,8 @@ from lm_eval.api.model import LM
 from tqdm import tqdm
 
 from spot import DecodeConfig, Sampling, generate
-from spot.targets import SDARTarget
 from spot_eval.checkpoints.shipped import EMBEDDED_TARGET
-from spot_eval.checkpoints.target import checkpoint_info, target_id
+from spot_eval.checkpoints.target import checkpoint_info, load_target, resolve_checkpoint, target_id
 from spot_eval.execution.sandbox import SandboxError, confinement
 from spot_eval.harness import settings
 from spot_eval.harness.lossless import MethodRecord
@@ -34,11 +33,13 @@ from spot_eval.tracking.writer import TrackingConfig, open_tracker
 class SpotArgs:
     """The `--model_args` of `lm_eval --model spot`, with their defaults (see README)."""
 
-    pretrained: str = str(EMBEDDED_TARGET)
+    pretrained: str = str(EMBEDDED_TARGET)  # a model directory, or a hub id read from the Hugging Face cache
+    revision: str | None = None  # the hub id's branch, tag or commit
     methods: str = "spot+spiffy@3"  # SPOT at `budgets`, Spiffy pruned to D* = 3 (its paper default)
     budgets: str = "8"
-    unmasking: str = "single"
+    unmasking: str = "single"  # single | threshold (Fast-dLLM) | static | dynamic (SDAR's schedules, with steps)
     threshold: float = 0.9
+    steps: int | None = None  # SDAR's denoising_steps per block, for static and dynamic
     block_length: int | None = None
     gen_length: int = 256
     temperature: float = 0.0
@@ -80,6 +81,7 @@ class SpotArgs:
         return DecodeConfig(
             policy=self.unmasking,
             threshold=self.threshold,
+            steps=self.steps,
             block_length=block_length,
             gen_length=self.gen_length,
             sampling=Sampling(self.temperature, self.top_k, self.top_p),
@@ -102,7 +104,8 @@ class SpotLM(LM):
         # Everything that can be checked is checked before the weights load and the MLflow run opens.
         device = settings.resolve_device("device", args.device, fall_back=True)
         dtype = settings.resolve_dtype("dtype", args.dtype, device)
-        block_length = checkpoint_info(args.pretrained).block_size if args.block_length is None else args.block_length
+        path = resolve_checkpoint(args.pretrained, args.revision)
+        block_length = checkpoint_info(path).block_size if args.block_length is None else args.block_length
         self.config = args.decode_config(block_length)
         if self.config.gen_length < block_length:
             raise ValueError(
@@ -119,11 +122,11 @@ class SpotLM(LM):
             if args.threads < 1:
                 raise ValueError(f"threads={args.threads}: use threads >= 1 (1 on a machine shared with other work)")
             torch.set_num_threads(args.threads)
-        self.target = SDARTarget.from_pretrained(args.pretrained, args.block_length, device=device, dtype=dtype, exact=args.exact)
+        self.target = load_target(path, args.block_length, device, args.exact, dtype)
         self._drafters = {s.label: build_drafter(s, self.target, self.config.policy) for s in self.specs if not s.needs_reference}
         tracker = open_tracker(TrackingConfig(self.args.mlflow_tracking_uri, self.args.mlflow_experiment))
         run = {"model_args": asdict(self.args), "decoder": _config_dict(self.config),
-               "lm_eval_version": _lm_eval_version(), "target_id": target_id(self.args.pretrained),
+               "lm_eval_version": _lm_eval_version(), "target_id": target_id(args.pretrained, path),
                "sandbox": _sandbox()}
         tracker.log_params({**_flatten({"model_args": run["model_args"], "decoder": run["decoder"],
                                         "sandbox": run["sandbox"]}),

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from spot import DecodeConfig, Generation
-from spot.policy import Margins, Proposal
+from spot.policy import Margins, Proposal, ranked
 
 
 @dataclass(frozen=True)
@@ -81,22 +81,31 @@ def diverge(got: Generation, reference: Generation, config: DecodeConfig, mask_i
                 if ref.proposals is None:
                     return Divergence(index, ref.block, s - 1, None, None, None)
                 proposal = ref.proposals[s - 1]
-                kind, margin = flip(before, after, other, proposal, config, mask_id)
-                return Divergence(index, ref.block, s - 1, kind, margin, Margins.of(before, after, proposal, config, mask_id))
+                kind, margin = flip(before, after, other, proposal, config, mask_id, s - 1)
+                margins = Margins.of(before, after, proposal, config, mask_id, s - 1)
+                return Divergence(index, ref.block, s - 1, kind, margin, margins)
     return Divergence(index, None, None, None, None, None)
 
 
 def flip(
-    before: torch.Tensor, after: torch.Tensor, other: torch.Tensor, proposal: Proposal, config: DecodeConfig, mask_id: int
+    before: torch.Tensor,
+    after: torch.Tensor,
+    other: torch.Tensor,
+    proposal: Proposal,
+    config: DecodeConfig,
+    mask_id: int,
+    step: int = 0,
 ) -> tuple[str, float]:
     """Which decision took `before` ([K]) to `other` instead of the draft-free `after`, and its margin
     in the draft-free run (`proposal`, what `after` was decided on):
 
     "token": `other` wrote a token the draft-free step did not propose there; margin: that token's
         lead (the smallest, if several).
-    "threshold" (threshold policy, one committed set inside the other): a position crossed tau;
-        margin: |log c - log tau| of the nearest such position.
-    "position": another position came out on top; margin: log c(draft-free pick) - log c(the other's).
+    "threshold" (threshold and dynamic policies, one committed set inside the other): a position
+        crossed tau; margin: |log c - log tau| of the nearest such position.
+    "position": other positions came out on top; margin: log c of the draft-free run's least confident
+        ranked pick (the k-th of the step, `DecodeConfig.commit_count`) - log c of the other run's best
+        position outside the draft-free set.
     """
     masked = before == mask_id
     ours, theirs = masked & (after != mask_id), masked & (other != mask_id)
@@ -106,8 +115,9 @@ def flip(
     log_c = proposal.confidence.log()
     crossed = ours ^ theirs
     nested = not bool((ours & ~theirs).any()) or not bool((theirs & ~ours).any())
-    if config.policy == "threshold" and nested:
+    if config.policy in ("threshold", "dynamic") and nested:
         return "threshold", float((log_c[crossed] - math.log(config.threshold)).abs().min())
-    pick = int(torch.argmax(log_c.masked_fill(~masked, float("-inf"))))
-    return "position", float(log_c[pick] - log_c[theirs & ~ours].max())
+    order = ranked(masked, log_c)
+    last_pick = order[min(config.commit_count(step), len(order)) - 1]
+    return "position", float(log_c[last_pick] - log_c[theirs & ~ours].max())
 

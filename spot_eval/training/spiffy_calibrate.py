@@ -29,6 +29,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 from spot import BlockTrace, DecodeConfig, generate
 from spot.drafters.spiffy import Formula, GraphNode, SpiffyGraph, position_order
 from spot.targets import SDARTarget
@@ -164,6 +166,7 @@ def calibrate(
     threshold: float = 0.9,
     chat: bool = True,
     device: str = "cpu",
+    dtype: torch.dtype | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> CalibrationResult:
     t0 = time.perf_counter()
@@ -173,7 +176,7 @@ def calibrate(
         )
     # Validates the policy and lengths before any weights load; the paper calibrates at T = 0.
     DecodeConfig(policy=policy, threshold=threshold, gen_length=gen_length, seed=seed)
-    model = load_target(target, block_length, device)
+    model = load_target(target, block_length, device, dtype=dtype)
     config = DecodeConfig(policy=policy, threshold=threshold, block_length=model.block_length, gen_length=gen_length, seed=seed)
     fingerprint = target_fingerprint(model, policy)
     ids = calibration_prompts(model, prompts, seed, gen_length, chat)

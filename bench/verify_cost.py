@@ -1,0 +1,97 @@
+"""The verify-cost curve c(P)/c(1): seconds of one verify forward with P pieces over one with a single
+piece, at a fixed context, for each layout (packed and exact). What decides whether a draft tree of a
+given size pays off on a device: nearly flat on a GPU at batch 1 for small P, nearly linear on a CPU.
+
+Models: `embedded` (the shipped target) or `sdar-8b` (the shape of SDAR-8B-Chat from
+tests/fixtures/sdar-8b-chat/config.json, random weights; `--layers` and `--width-divisor` cut it down
+to fit a device's time or memory, and the JSON says so). Prints one JSON line per (layout, P).
+
+Usage: python bench/verify_cost.py --model sdar-8b --layers 12 --device cuda --dtype bfloat16
+           [--pieces 1+2+3+5+9+13+17+21] [--context 512] [--repeats 9]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+from transformers import Qwen3ForCausalLM
+
+from spot.targets import SDARTarget, read_checkpoint
+from spot_eval.checkpoints.shipped import EMBEDDED_TARGET
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+SDAR_8B = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "sdar-8b-chat"
+
+
+def sdar_shaped(device: str, dtype: torch.dtype, layers: int | None, divisor: int, block: int) -> tuple[SDARTarget, dict]:
+    """SDAR-8B-Chat's architecture with random weights (seeded), optionally fewer layers and narrower."""
+    config, info = read_checkpoint(SDAR_8B)
+    if layers is not None:
+        config.num_hidden_layers = layers
+        config.layer_types = config.layer_types[:layers]
+    if divisor > 1:
+        for field in ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads"):
+            setattr(config, field, max(getattr(config, field) // divisor, 1))
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = Qwen3ForCausalLM(config).to(dtype)
+    shape = {k: getattr(config, k) for k in ("num_hidden_layers", "hidden_size", "intermediate_size",
+                                              "num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size")}
+    return SDARTarget(model, info.mask_id, info.eos_ids, block, name="sdar-8b-shaped"), shape
+
+
+def seconds(target: SDARTarget, prefix: torch.Tensor, pieces: torch.Tensor, repeats: int) -> float:
+    times = []
+    for _ in range(repeats + 1):  # the first is a warm-up
+        target.start(prefix)
+        target.verify(pieces[:1], prefix.numel())  # the prefix's KV, cached before the timed forward
+        t = time.perf_counter()
+        target.verify(pieces, prefix.numel())  # synchronises on CUDA itself
+        times.append(time.perf_counter() - t)
+    return statistics.median(times[1:])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", choices=["embedded", "sdar-8b"], default="embedded")
+    parser.add_argument("--layers", type=int, default=None, help="sdar-8b: keep this many of its 36 layers")
+    parser.add_argument("--width-divisor", type=int, default=1, help="sdar-8b: divide widths and heads by this")
+    parser.add_argument("--block", type=int, default=32, help="sdar-8b: the block length (SDAR-8B-Chat-b32's)")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES))
+    parser.add_argument("--pieces", default="1+2+3+5+9+13+17+21")
+    parser.add_argument("--context", type=int, default=512, help="cached positions before the active block")
+    parser.add_argument("--repeats", type=int, default=9)
+    args = parser.parse_args()
+    torch.set_grad_enabled(False)
+    dtype = DTYPES[args.dtype]
+    if args.model == "embedded":
+        packed, shape = SDARTarget.from_pretrained(EMBEDDED_TARGET, device=args.device, dtype=dtype), {}
+    else:
+        packed, shape = sdar_shaped(args.device, dtype, args.layers, args.width_divisor, args.block)
+    exact = SDARTarget(packed.model, packed.mask_id, packed.eos_ids, packed.block_length, packed.tokenizer, packed.name, exact=True)
+    k = packed.block_length
+    context = args.context // k * k
+    g = torch.Generator().manual_seed(0)
+    prefix = torch.randint(0, packed.vocab_size, (context,), generator=g)
+    counts = [int(p) for p in args.pieces.split("+")]
+    states = torch.randint(0, packed.vocab_size, (max(counts), k), generator=g)
+    states[torch.rand(max(counts), k, generator=g) < 0.5] = packed.mask_id
+    base = {"bench": "verify_cost", "model": args.model, "shape": shape, "device": args.device,
+            "device_name": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
+            "dtype": args.dtype, "context": context, "block": k, "repeats": args.repeats}
+    for layout, target in (("default", packed), ("exact", exact)):
+        single = None
+        for p in counts:
+            s = seconds(target, prefix, states[:p], args.repeats)
+            single = s if p == counts[0] else single
+            print(json.dumps({**base, "layout": layout, "pieces": p, "seconds": s, "cost_ratio": s / single}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
