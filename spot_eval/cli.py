@@ -336,6 +336,8 @@ def _nightly_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default: sqlite:///mlflow.db here)")
     p.add_argument("--baseline", default=None, help="a pinned results bundle (nightly.json) instead of the previous nightly")
     p.add_argument("--dry-run", action="store_true", help="report, but exit 0 even on a regression")
+    p.add_argument("--num-processes", type=int, default=None,
+                   help="run each lm_eval under accelerate launch on this many processes (default: the suite's num_processes)")
 
 
 def _nightly(args: argparse.Namespace) -> None:
@@ -343,7 +345,10 @@ def _nightly(args: argparse.Namespace) -> None:
 
     log = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
     try:
-        result = nightly(load_suite(args.suite), args.out, args.tracking_uri, args.baseline, args.dry_run, args.date, log)
+        suite = load_suite(args.suite)
+        if args.num_processes is not None:
+            suite = dataclasses.replace(suite, num_processes=args.num_processes)
+        result = nightly(suite, args.out, args.tracking_uri, args.baseline, args.dry_run, args.date, log)
     except NightlyError as err:
         print(f"error: {err}", file=sys.stderr)
         raise SystemExit(2) from None

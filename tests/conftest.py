@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 from pathlib import Path
 
 import pytest
@@ -88,6 +89,13 @@ def write_checkpoint(
         raw.update(config_overrides)
         (path / "config.json").write_text(json.dumps({k: v for k, v in raw.items() if v is not None}))
     return path
+
+
+def free_port() -> int:
+    """A local TCP port nobody listens on (a dead MLflow server, or one to start)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 @pytest.fixture(autouse=True, scope="session")

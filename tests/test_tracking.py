@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import write_checkpoint
+from conftest import free_port, write_checkpoint
 from mlflow import MlflowClient
 
 from spot_eval.cli import main
@@ -28,19 +27,13 @@ ROOT = Path(__file__).resolve().parents[1]
 ACCURACY = "gsm8k/exact_match_strict-match"  # safe_name("gsm8k/exact_match,strict-match")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Server:
     """A real `mlflow server` on 127.0.0.1 with an sqlite backend and proxied local artifacts under
     `root`; it can be killed and restarted on the same backend and port."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
-        self.port = _free_port()
+        self.port = free_port()
         self.uri = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -185,7 +178,7 @@ def test_server_round_trip(server, tmp_path):
 
 def test_outage_from_the_start_spools_then_sync_replays_it(server, tmp_path, capsys):
     (tmp_path / "files").mkdir()
-    spool, dead = tmp_path / "spool", f"http://127.0.0.1:{_free_port()}"
+    spool, dead = tmp_path / "spool", f"http://127.0.0.1:{free_port()}"
     config = TrackingConfig(tracking_uri=dead, experiment="outage", spool_dir=str(spool))
     started = time.monotonic()
     with pytest.warns(RuntimeWarning, match=r"unreachable.*spool.*spot-eval sync"):
@@ -217,7 +210,7 @@ def test_outage_from_the_start_spools_then_sync_replays_it(server, tmp_path, cap
 
 
 def test_sync_skips_an_entry_an_evaluation_is_still_writing(tmp_path, capsys):
-    config = TrackingConfig(tracking_uri=f"http://127.0.0.1:{_free_port()}", spool_dir=str(tmp_path))
+    config = TrackingConfig(tracking_uri=f"http://127.0.0.1:{free_port()}", spool_dir=str(tmp_path))
     with pytest.warns(RuntimeWarning, match="unreachable"):
         tracker = open_tracker(config)
     main(["sync", "--spool", str(tmp_path)])

@@ -25,6 +25,7 @@ from spot_eval.execution.sandbox import SandboxError, confinement
 from spot_eval.harness import settings
 from spot_eval.harness.lossless import MethodRecord
 from spot_eval.harness.methods import MethodSpec, build_drafter, drafter_file, parse_methods
+from spot_eval.harness.parallel import Ranks
 from spot_eval.harness.session import RequestRecord, Session
 from spot_eval.tracking.writer import TrackingConfig, open_tracker
 
@@ -103,6 +104,11 @@ class SpotLM(LM):
         self.batch_size = int(batch_size) if str(batch_size).isdigit() else 1  # one request at a time
         # Everything that can be checked is checked before the weights load and the MLflow run opens.
         device = settings.resolve_device("device", args.device, fall_back=True)
+        self.ranks = Ranks.from_environment(device)  # under accelerate launch: this process's share of the requests
+        self._rank, self._world_size = self.ranks.rank, self.ranks.world_size
+        if device.startswith("cuda") and self.ranks.world_size > 1:
+            device = f"cuda:{self.ranks.local_rank}"
+        self._device = torch.device(device)
         dtype = settings.resolve_dtype("dtype", args.dtype, device)
         path = resolve_checkpoint(args.pretrained, args.revision)
         block_length = checkpoint_info(path).block_size if args.block_length is None else args.block_length
@@ -124,14 +130,17 @@ class SpotLM(LM):
             torch.set_num_threads(args.threads)
         self.target = load_target(path, args.block_length, device, args.exact, dtype)
         self._drafters = {s.label: build_drafter(s, self.target, self.config.policy) for s in self.specs if not s.needs_reference}
-        tracker = open_tracker(TrackingConfig(self.args.mlflow_tracking_uri, self.args.mlflow_experiment))
+        # One MLflow run for the whole evaluation: rank 0's; the other ranks hand their records to it.
+        tracking = TrackingConfig(self.args.mlflow_tracking_uri, self.args.mlflow_experiment)
+        tracker = open_tracker(tracking if self.ranks.main else None)
         run = {"model_args": asdict(self.args), "decoder": _config_dict(self.config),
                "lm_eval_version": _lm_eval_version(), "target_id": target_id(args.pretrained, path),
-               "sandbox": _sandbox()}
+               "sandbox": _sandbox(), "world_size": self.ranks.world_size}
         tracker.log_params({**_flatten({"model_args": run["model_args"], "decoder": run["decoder"],
                                         "sandbox": run["sandbox"]}),
-                            "lm_eval_version": run["lm_eval_version"], **_flatten(self._fingerprints())})
-        self.session = Session(self.args, self._fingerprints(), tracker, self.args.output_dir, run)
+                            "lm_eval_version": run["lm_eval_version"], "world_size": self.ranks.world_size,
+                            **_flatten(self._fingerprints())})
+        self.session = Session(self.args, self._fingerprints(), tracker, self.args.output_dir, run, self.ranks)
         self._repeat = Counter()
 
     # -- lm-eval contract --------------------------------------------------------------------------
@@ -191,13 +200,35 @@ class SpotLM(LM):
     def get_model_info(self) -> dict:
         return {"spot": {"decoder": _config_dict(self.config), "methods": [s.label for s in self.specs], **self._fingerprints()}}
 
+    @property
+    def device(self) -> torch.device:
+        return self._device  # lm-eval puts the per-rank request counts it all-gathers here
+
+    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        return self.ranks.all_gather(tensor)
+
+    def gather_object(self, obj: object, dst: int = 0) -> list | None:
+        return self.ranks.gather_object(obj, dst)
+
+    def barrier(self) -> None:
+        self.ranks.barrier()
+
     def generate_until(self, requests) -> list[str]:
         out: list[str] = []
         running = _Running()
-        bar = tqdm(requests, desc="spot", unit="req", dynamic_ncols=True)
+        seen: Counter = Counter()
+        texts: dict[int, str] = {}
+        bar = tqdm(requests, desc=f"spot rank {self.rank}" if self.world_size > 1 else "spot", unit="req", dynamic_ncols=True)
         for req in bar:
+            seen[id(req)] += 1
+            if seen[id(req)] > req.repeats:
+                # lm-eval pads a shorter rank with copies of its last request beyond that request's repeats:
+                # answered, never decoded or counted.
+                out.append(texts[id(req)])
+                continue
             context, gen_kwargs = req.args
             record = self._decode(req, context, dict(gen_kwargs))
+            texts[id(req)] = record.text
             out.append(record.text)
             self.cache_hook.add_partial("generate_until", req.args, record.text)
             running.tokens += len(record.methods[0].token_ids)

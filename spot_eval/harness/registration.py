@@ -4,9 +4,11 @@
 used), imports `lm_eval.models` first so the built-ins (`hf`, `dummy`, ...) stay resolvable, and
 wraps `lm_eval.evaluator.evaluate` so that a SpotLM sees the scored results: accuracy lands in
 the same run as the decoding statistics even under the plain `lm_eval` command.
-The installed `spot_eval_lm_eval.pth` (see setup.py) calls `cli_startup()` only when the program
-is the `lm_eval`/`lm-eval` console script; other interpreters never import this package. Newer
-lm-eval reads the `lm_eval.models` entry point declared in pyproject.toml instead.
+The installed `spot_eval_lm_eval.pth` (see setup.py; a regular or an editable install) runs
+`at_startup()` in every interpreter of the environment, which calls `cli_startup()` only when the
+program is lm-eval's command line: the `lm_eval`/`lm-eval` console script or `python -m lm_eval`
+(what `accelerate launch -m lm_eval` starts). This module imports only the standard library until
+then. Newer lm-eval reads the `lm_eval.models` entry point declared in pyproject.toml instead.
 """
 
 from __future__ import annotations
@@ -14,8 +16,35 @@ from __future__ import annotations
 import functools
 import logging
 import sys
+from pathlib import Path
 
 TARGET = "spot_eval.harness.lm:SpotLM"
+
+
+CLI_NAMES = ("lm_eval", "lm-eval")  # the console scripts
+MODULES = ("lm_eval", "lm_eval.__main__")  # python -m ...
+
+
+def at_startup() -> None:
+    """Run by the installed `spot_eval_lm_eval.pth` in every interpreter of the environment: registers
+    `spot` (`cli_startup`) when lm-eval's command line is the program, and does nothing otherwise."""
+    if is_lm_eval_cli(sys.argv, getattr(sys, "orig_argv", [])):
+        cli_startup()
+
+
+def is_lm_eval_cli(argv: list[str], orig_argv: list[str]) -> bool:
+    """Whether the interpreter runs lm-eval's command line: the console script (argv[0] is its path), or
+    `python -m lm_eval` (at .pth time argv[0] is still '-m', and orig_argv names the module)."""
+    if argv and Path(argv[0]).name in CLI_NAMES:
+        return True
+    if argv[:1] != ["-m"]:
+        return False
+    for i, arg in enumerate(orig_argv[1:], start=1):  # the first -m among the interpreter's options
+        if arg == "-m":
+            return i + 1 < len(orig_argv) and orig_argv[i + 1] in MODULES
+        if arg.startswith("-m"):
+            return arg[2:] in MODULES
+    return False
 
 
 def cli_startup() -> None:

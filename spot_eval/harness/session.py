@@ -27,6 +27,7 @@ from pathlib import Path
 import pandas as pd
 
 from spot_eval.harness.lossless import MethodRecord
+from spot_eval.harness.parallel import ONE_PROCESS, Ranks
 from spot_eval.reports.plots import accepted_histogram, throughput_bars
 from spot_eval.reports.regression import describe
 from spot_eval.reports.results import summarize
@@ -79,12 +80,21 @@ LEGEND = (
 
 class Session:
     def __init__(
-        self, args, fingerprints: dict, tracker: Tracker, out_dir: str | Path | None = None, settings: dict | None = None
+        self,
+        args,
+        fingerprints: dict,
+        tracker: Tracker,
+        out_dir: str | Path | None = None,
+        settings: dict | None = None,
+        ranks: Ranks = ONE_PROCESS,
     ) -> None:
+        """Under `accelerate launch` every rank keeps its own requests' records; rank 0 (`ranks.main`)
+        gathers them in `finish` and alone writes the run directory and logs to MLflow."""
         self.args = args
         self.fingerprints = fingerprints
         self.tracker = tracker
         self.settings = settings or {}
+        self.ranks = ranks
         self.records: list[RequestRecord] = []
         self.out_dir = Path(out_dir or Path("spot-eval-runs") / time.strftime("%Y%m%d-%H%M%S"))
         self.unwritable: str | None = None  # the run directory that could not be written, and why
@@ -123,7 +133,9 @@ class Session:
         ]
 
     def flush(self) -> Path:
-        """Write what is known so far (called after every generate_until batch)."""
+        """Write what is known so far (called after every generate_until batch; rank 0 only)."""
+        if not self.ranks.main:
+            return self.out_dir / "samples.jsonl"
         run = {**self.settings, "fingerprints": self.fingerprints, "mlflow_run_id": self.tracker.run_id,
                "mlflow_tracking_uri": getattr(self.tracker, "uri", None)}
         rows = [json.dumps(row) + "\n" for r in self.records for row in r.rows()]
@@ -138,7 +150,15 @@ class Session:
         return self.out_dir / "samples.jsonl"
 
     def finish(self, results: dict | None) -> None:
-        """After lm-eval scored the outputs: write and log everything, print the table, then gate."""
+        """After lm-eval scored the outputs: write and log everything, print the table, then gate.
+
+        Called on every rank: the records reach rank 0 (each request once: lm-eval's padding copies
+        were never recorded), which goes on alone."""
+        if self.ranks.world_size > 1:
+            parts = self.ranks.gather_object(self.records)
+            if not self.ranks.main:
+                return
+            self.records = sorted((r for part in parts for r in part), key=lambda r: (r.task or "", r.doc_id or 0, r.repeat))
         self.flush()
         if results is not None:
             scored = outcomes(results.get("samples") or {})  # per-sample scores: only with --log_samples

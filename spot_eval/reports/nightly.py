@@ -63,6 +63,7 @@ class Suite:
     seeds: tuple[int, ...]
     gen_length: int
     model_args: str = ""
+    num_processes: int = 1  # > 1: each lm_eval runs under `accelerate launch` on this many processes
     trend_window: int = 14
     tolerances: Tolerances = Tolerances()
 
@@ -71,8 +72,11 @@ class Suite:
             raise NightlyError("a suite needs at least one task, temperature and seed")
         if not re.fullmatch(r"[A-Za-z0-9_.-]+", self.name):
             raise NightlyError(f"suite name {self.name!r}: use letters, digits, '_', '.' and '-' (it tags the MLflow runs)")
-        if self.limit < 1 or self.gen_length < 1 or self.trend_window < 1:
-            raise NightlyError(f"limit, gen_length and trend_window must be >= 1 (got {self.limit}, {self.gen_length}, {self.trend_window})")
+        if min(self.limit, self.gen_length, self.trend_window, self.num_processes) < 1:
+            raise NightlyError(
+                f"limit, gen_length, trend_window and num_processes must be >= 1 "
+                f"(got {self.limit}, {self.gen_length}, {self.trend_window}, {self.num_processes})"
+            )
 
 
 def load_suite(path: str | Path | None) -> Suite:
@@ -100,12 +104,18 @@ def load_suite(path: str | Path | None) -> Suite:
 # -- 1. run ----------------------------------------------------------------------------------------------
 
 
-def lm_eval_executable() -> str:
-    beside = Path(sys.executable).parent / "lm_eval"
-    found = str(beside) if beside.exists() else shutil.which("lm_eval")
+def lm_eval_executable(suite: Suite) -> list[str]:
+    """The lm_eval command: the console script, or `accelerate launch --multi_gpu ... -m lm_eval` on several
+    processes (one per GPU; on a machine without GPUs they talk over gloo: accelerate's --cpu would start
+    only one)."""
+    script = "lm_eval" if suite.num_processes == 1 else "accelerate"
+    beside = Path(sys.executable).parent / script
+    found = str(beside) if beside.exists() else shutil.which(script)
     if not found:
-        raise NightlyError("the lm_eval console script is not installed; install the project (pip install .)")
-    return found
+        raise NightlyError(f"the {script} command is not installed; install the project (pip install .)")
+    if suite.num_processes == 1:
+        return [found]
+    return [found, "launch", "--multi_gpu", "--num_processes", str(suite.num_processes), "-m", "lm_eval"]
 
 
 def lm_eval_command(suite: Suite, temperature: float, seed: int, run_dir: Path, tracking_uri: str | None) -> list[str]:
@@ -120,7 +130,7 @@ def lm_eval_command(suite: Suite, temperature: float, seed: int, run_dir: Path, 
     if suite.model_args:
         model_args += "," + suite.model_args
     return [
-        lm_eval_executable(), "--model", "spot", "--model_args", model_args, "--tasks", ",".join(suite.tasks),
+        *lm_eval_executable(suite), "--model", "spot", "--model_args", model_args, "--tasks", ",".join(suite.tasks),
         "--include_path", suite.include_path, "--apply_chat_template", "--confirm_run_unsafe_code",
         "--limit", str(suite.limit), "--log_samples", "--output_path", str(run_dir / "lm_eval"),
     ]
