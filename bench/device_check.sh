@@ -4,8 +4,10 @@
 #   1. verify_cost: c(P)/c(1) for P in 1..21, both layouts, on the embedded target and on an SDAR-8B-shaped
 #      model with random bf16 weights (12 of its 36 layers: the full depth scales every P alike);
 #   2. verify_exactness: pieces of a P-piece verify against one-piece forwards, P = 2, 9, 21, both layouts;
-#   3. benchmark: README command 1 (four tasks at --limit 10, SPOT@8 and Spiffy@3 against draft-free) on the
-#      device in bf16, exact layout, one line per task and method with its forward and throughput ratios.
+#   3. auto_cost: what budget=auto weighs on the device (bf16, exact layout): c(P, L), the drafter's seconds per
+#      tree and the tree size the rule picks at the shipped drafter's mean reach;
+#   4. benchmark: README command 1 (four tasks at --limit 10, SPOT@8, SPOT@auto and Spiffy@3 against draft-free)
+#      on the device in bf16, exact layout, one line per task and method with its forward and throughput ratios.
 # --dry-run: the same on the CPU at toy sizes (CI runs it, so the script stays runnable between GPU sessions).
 # Usage: bash bench/device_check.sh [--dry-run]   (from the repository root, with the project installed)
 set -euo pipefail
@@ -26,15 +28,18 @@ echo "device_check: verify cost, SDAR-8B-shaped" >&2
 $PY bench/verify_cost.py --model sdar-8b $SDAR --device $DEVICE --dtype bfloat16 --pieces $PIECES --context $CONTEXT --repeats $REPEATS
 echo "device_check: exactness of the two layouts" >&2
 $PY bench/verify_exactness.py --device $DEVICE --dtype bfloat16 $EXACTNESS
+echo "device_check: budget=auto's inputs" >&2
+$PY bench/auto_cost.py --device $DEVICE --dtype bfloat16 --exact --remeasure
 echo "device_check: the four-task benchmark" >&2
 RUN=$(mktemp -d)
 trap 'rm -rf "$RUN"' EXIT
-(cd "$RUN" && "$LM_EVAL" --model spot --model_args "device=$DEVICE,dtype=bfloat16,exact=true,output_dir=$RUN/run" \
+(cd "$RUN" && "$LM_EVAL" --model spot --model_args "device=$DEVICE,dtype=bfloat16,exact=true,methods=spot@8+spot@auto+spiffy@3,output_dir=$RUN/run" \
   --tasks spot_all --include_path "$OLDPWD/tasks" --apply_chat_template --confirm_run_unsafe_code --limit $LIMIT >&2)
 $PY - "$RUN/run/summary.csv" "$DEVICE" <<'PY'
 import csv, json, sys
 for row in csv.DictReader(open(sys.argv[1])):
     print(json.dumps({"bench": "benchmark", "device": sys.argv[2], "dtype": "bfloat16", "exact": True, "task": row["task"],
                       "label": row["label"], "requests": int(row["requests"]), "forward_ratio": float(row["forward_ratio"]),
-                      "throughput_ratio": float(row["throughput_ratio"]), "lossless": float(row["lossless"])}))
+                      "throughput_ratio": float(row["throughput_ratio"]), "lossless": float(row["lossless"]),
+                      "mean_tree_size": float(row["mean_tree_size"])}))
 PY

@@ -1,7 +1,7 @@
 """SPOT's commits per verify forward on held-out trajectories, without running the target.
 
 Replays the engine's walk over the recorded draft-free blocks the drafter's training held out
-(`spot.drafters.gamma.replay`: grow the tree from step s - 1's stale distribution, accept the true
+(`spot.drafters.reach.replay`: grow the tree from step s - 1's stale distribution, accept the true
 future states found in it plus the free step), for each budget and each `model_depth` (order-model
 calls per tree level), with the drafting seconds. Two bounds put the numbers in context:
 
@@ -26,7 +26,7 @@ import time
 
 import torch
 
-from spot.drafters.gamma import replay
+from spot.drafters.gamma import replay_commits
 from spot.drafters.order_examples import RecordedBlock
 from spot.drafters.order_model import predict, step_noise_at_topk
 from spot.drafters.spot import SpotDrafter
@@ -80,7 +80,7 @@ def main() -> None:
             for depth in args.model_depths.split("+"):
                 drafter = SpotDrafter(checkpoint.model, model_depth=None if depth == "all" else int(depth))
                 t0 = time.perf_counter()
-                row[f"spot_depth_{depth}"] = replay(drafter, subset, budget)
+                row[f"spot_depth_{depth}"] = replay_commits(drafter, subset, budget)
                 row[f"spot_depth_{depth}_seconds"] = time.perf_counter() - t0
             rows.append(row)
             print(" ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()), file=sys.stderr)

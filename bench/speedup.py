@@ -4,10 +4,13 @@ Every prompt is decoded draft-free and by every method in one process, interleav
 (the order rotates from prompt to prompt so that drift in machine state spreads evenly). Ratios
 are of sums over the same prompts: forwards(draft-free) / forwards(method) and seconds(draft-free)
 / seconds(method). Each method's tokens are checked against draft-free (lossless must be 1.0).
-With several seeds the JSON gives mean and std over seeds. Prints one JSON line (a table on stderr).
+With several seeds the JSON gives mean and std over seeds. `spot@auto` sizes every tree by this
+machine's verify-cost profile (measured once, cached; spot_eval.harness.profile), and the mean tree
+size (draft nodes per verify forward) is reported for every method. Prints one JSON line (a table
+on stderr).
 
 Usage: python bench/speedup.py --prompts 50 --block 32 --gen 256 --temperature 0 --seeds 0
-           --methods spot@8+spot@20+spiffy@3+spiffy@10 [--task gsm8k] [--target DIR]
+           --methods spot@8+spot@20+spiffy@3+spiffy@10+spot@auto [--task gsm8k] [--target DIR]
 """
 
 from __future__ import annotations
@@ -24,14 +27,17 @@ import torch
 from spot import DecodeConfig, Sampling, generate
 from spot_eval.checkpoints.shipped import EMBEDDED_TARGET
 from spot_eval.checkpoints.target import encode_prompt, load_target
-from spot_eval.data.datasets import load
+from spot_eval.data.datasets import load, mbpp_split
 from spot_eval.harness.methods import build_drafter, parse_methods
+from spot_eval.harness.profile import auto_sizing, verify_profile
 from spot_eval.reports.results import summarize
 
 PROMPT_FIELDS = {"gsm8k_test": "question", "math500_test": "problem", "humaneval_test": "prompt"}
 
 
 def prompts_for(task: str, n: int) -> list[str]:
+    if task == "mbpp":  # the problem and its tests, as the spot_mbpp task states them
+        return ["\n".join([row["text"], *row["test_list"][:3]]) for row in mbpp_split("test")[:n]]
     name = f"{task}_test"
     return [row[PROMPT_FIELDS[name]] for row in load(name)[:n]]
 
@@ -39,6 +45,9 @@ def prompts_for(task: str, n: int) -> list[str]:
 def run_seed(target, prompts: list[list[int]], config: DecodeConfig, specs, seed: int) -> pd.DataFrame:
     config = replace(config, seed=seed)
     drafters = {s.label: build_drafter(s, target, config.policy) for s in specs}
+    profile = verify_profile(target) if any(s.auto for s in specs) else None
+    sizings = {s.label: auto_sizing(target, drafters[s.label], replace(config, budget=s.budget), profile)
+               for s in specs if s.auto}
     rows = []
     for i, ids in enumerate(prompts):
         labels = ["draft_free", *drafters]
@@ -47,13 +56,13 @@ def run_seed(target, prompts: list[list[int]], config: DecodeConfig, specs, seed
         for label in labels:
             spec = next((s for s in specs if s.label == label), None)
             cfg = config if spec is None else replace(config, budget=spec.budget)
-            results[label] = generate(target, ids, cfg, drafter=drafters.get(label), request=i)
+            results[label] = generate(target, ids, cfg, drafter=drafters.get(label), request=i, sizing=sizings.get(label))
         for label, g in results.items():
             s = g.stats
             rows.append({
                 "seed": seed, "prompt": i, "label": label, "tokens": len(g.token_ids), "forwards": s.forwards,
                 "seconds": s.seconds, "drafter_seconds": s.drafter_seconds, "target_seconds": s.target_seconds,
-                "accepted_lengths": s.accepted_lengths,
+                "accepted_lengths": s.accepted_lengths, "draft_nodes": s.draft_nodes,
                 "lossless": g.token_ids == results["draft_free"].token_ids,
             })
     return pd.DataFrame(rows)
@@ -62,7 +71,7 @@ def run_seed(target, prompts: list[list[int]], config: DecodeConfig, specs, seed
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--target", default=str(EMBEDDED_TARGET))
-    parser.add_argument("--task", default="gsm8k", choices=["gsm8k", "math500", "humaneval"])
+    parser.add_argument("--task", default="gsm8k", choices=["gsm8k", "math500", "humaneval", "mbpp"])
     parser.add_argument("--prompts", type=int, default=50)
     parser.add_argument("--block", type=int, default=32)
     parser.add_argument("--gen", type=int, default=256)
@@ -71,8 +80,11 @@ def main() -> None:
     parser.add_argument("--methods", default="spot@8+spot@20+spiffy@3+spiffy@10")
     parser.add_argument("--unmasking", default="single")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     args = parser.parse_args()
     torch.set_grad_enabled(False)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     target = load_target(args.target, args.block, args.device)
     prompts = [encode_prompt(target, p, chat=True) for p in prompts_for(args.task, args.prompts)]
     config = DecodeConfig(policy=args.unmasking, block_length=args.block, gen_length=args.gen,
@@ -82,12 +94,14 @@ def main() -> None:
     seeds = [int(s) for s in args.seeds.split("+")]
     df = pd.concat([run_seed(target, prompts, config, specs, seed) for seed in seeds])
     sums = summarize(df, ["seed"])
-    columns = ["seed", "label", "forwards", "seconds", "forward_ratio", "throughput_ratio", "drafter_share", "accepted_mean", "lossless"]
+    columns = ["seed", "label", "forwards", "seconds", "forward_ratio", "throughput_ratio", "drafter_share", "accepted_mean",
+               "mean_tree_size", "lossless"]
     print(sums[columns].to_string(index=False, float_format=lambda x: f"{x:.3f}"), file=sys.stderr)
     methods = {}
     for label, group in sums.groupby("label", sort=False):
         entry = {}
-        for column in ("forward_ratio", "throughput_ratio", "tokens_per_forward", "drafter_share", "accepted_mean", "lossless"):
+        for column in ("forward_ratio", "throughput_ratio", "tokens_per_forward", "drafter_share", "accepted_mean",
+                       "mean_tree_size", "lossless"):
             values = group[column].tolist()
             entry[column] = {"mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0}
         entry["forwards"] = int(group.forwards.sum())

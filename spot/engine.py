@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -27,6 +27,7 @@ from spot.config import DecodeConfig
 from spot.drafters.base import DraftContext, Drafter
 from spot.noise import gumbel, step_key
 from spot.policy import Proposal, decide, topk_logprobs
+from spot.sizing import Sizing
 from spot.stopping import cut_at_stop
 from spot.targets.base import Target
 from spot.tree import DraftTree
@@ -65,6 +66,11 @@ class DecodeStats:
     def other_seconds(self) -> float:
         return self.seconds - self.target_seconds - self.drafter_seconds
 
+    @property
+    def mean_tree_size(self) -> float:
+        """Draft nodes per verify forward (budget=auto chooses it step by step)."""
+        return self.draft_nodes / max(len(self.accepted_lengths), 1)
+
 
 @dataclass(frozen=True)
 class Generation:
@@ -102,8 +108,13 @@ def generate(
     record: bool = False,
     record_topk: int = 0,
     record_margins: bool = False,
+    sizing: Sizing | None = None,
 ) -> Generation:
     """Decode one request; the output depends only on (target, prompt, config minus budget, request).
+
+    sizing: budget=auto (spot.sizing): config.budget is then the cap; each step drafts the tree size
+    expected to pay most on this device (none at all when none pays), and verifies the best-first
+    prefix of it that maximises the expected steps per second. The drafter must give reach probabilities.
 
     record: keep the trajectory (`Generation.trajectory`); record_topk: also keep the top-k
     log-probabilities of the logits behind every step (what drafters are trained on);
@@ -124,6 +135,8 @@ def generate(
             f"a {n_prompt}-token prompt plus gen_length {config.gen_length} needs {n_positions} positions "
             f"(whole blocks of {k}); the model has {target.max_positions}. Shorten the prompt or gen_length."
         )
+    if config.budget > 0 and sizing is not None:
+        config = replace(config, budget=min(config.budget, max(target.max_pieces(n_positions) - 1, 0)))  # the cap fits
     if config.budget > 0:
         room = target.max_pieces(n_positions)
         if config.budget + 1 > room:
@@ -144,7 +157,7 @@ def generate(
         state[: max(n_prompt - start, 0)] = prompt[start:n_prompt]  # a partial prompt block is never masked
         lo, hi = max(n_prompt - start, 0), min(end - start, k)
         recorder = _Recorder(block, record_topk, record_margins, target.mask_id)
-        states, nodes = _decode_block(target, state, start, block, lo, hi, config, drafter, request, lengths, clock, recorder)
+        states, nodes = _decode_block(target, state, start, block, lo, hi, config, drafter, request, lengths, clock, recorder, sizing)
         draft_nodes += nodes
         if record:
             traces.append(recorder.trace(states))
@@ -196,7 +209,7 @@ class _Recorder:
         return BlockTrace(self.block, torch.stack(states), torch.stack(values), torch.stack(ids), proposals)  # [S, K, k]
 
 
-def _decode_block(target, state, start, block, lo, hi, config, drafter, request, lengths, clock, recorder):
+def _decode_block(target, state, start, block, lo, hi, config, drafter, request, lengths, clock, recorder, sizing):
     """Advance one block to `finished`; returns (the states after each step, draft nodes verified)."""
     mask_id, eos = target.mask_id, target.eos_ids
     noise: dict[int, torch.Tensor | None] = {}
@@ -213,13 +226,19 @@ def _decode_block(target, state, start, block, lo, hi, config, drafter, request,
     while not finished(state, lo, hi, mask_id, eos):
         step = len(states) - 1
         tree = DraftTree.root_only(state)
-        if config.budget > 0:
+        budget = config.budget if sizing is None or stale is None else sizing.draft_budget(start, config.budget)
+        if budget > 0:
             t = time.perf_counter()
-            ctx = DraftContext(state, stale, stale_state, prior, config, mask_id, request, block, step, config.budget, step_noise)
+            ctx = DraftContext(state, stale, stale_state, prior, config, mask_id, request, block, step, budget, step_noise)
             tree = drafter.draft(ctx)
             clock.drafter += time.perf_counter() - t
-            if tree.size > config.budget or not torch.equal(tree.states[0].cpu(), state.cpu()):
-                raise RuntimeError(f"drafter {drafter.name!r} returned {tree.size} nodes for budget {config.budget} or a foreign root")
+            if tree.size > budget or not torch.equal(tree.states[0].cpu(), state.cpu()):
+                raise RuntimeError(f"drafter {drafter.name!r} returned {tree.size} nodes for budget {budget} or a foreign root")
+            if sizing is not None and tree.size:
+                if tree.reach is None:
+                    raise ValueError(f"budget=auto needs reach probabilities, and drafter {drafter.name!r} gives none: "
+                                     "use a calibrated drafter (spot-eval calibrate-reach) or a fixed budget")
+                tree = tree.prefix(sizing.size(tree.reach[1:], start))
         t = time.perf_counter()
         logits = target.verify(tree.states, start)  # [N + 1, K, V]
         clock.target += time.perf_counter() - t

@@ -21,10 +21,17 @@ import torch
 
 @dataclass(frozen=True)
 class DraftTree:
-    """states: [N + 1, K] int64, row 0 the root; parents[i]: the parent nodes of node i (() for the root)."""
+    """states: [N + 1, K] int64, row 0 the root; parents[i]: the parent nodes of node i (() for the root).
+
+    scores[i]: node i's path log-score, the sum of its edges' log-scores (0 for the root), when the
+    drafter grew it best-first; reach[i]: the calibrated probability that the walk reaches node i
+    (1 for the root), when the drafter knows it (what budget=auto sizes by, spot.sizing).
+    """
 
     states: torch.Tensor
     parents: tuple[tuple[int, ...], ...]
+    scores: tuple[float, ...] | None = None
+    reach: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.states.dim() != 2 or len(self.parents) != self.states.shape[0]:
@@ -34,6 +41,10 @@ class DraftTree:
         for i, ps in enumerate(self.parents[1:], start=1):
             if not ps or any(not 0 <= p < i for p in ps):
                 raise ValueError(f"node {i} has parents {ps}; each node needs >= 1 parent among the earlier nodes")
+        for name in ("scores", "reach"):
+            values = getattr(self, name)
+            if values is not None and len(values) != len(self.parents):
+                raise ValueError(f"a draft tree needs one {name} value per node; got {len(values)} for {len(self.parents)} nodes")
 
     @property
     def size(self) -> int:
@@ -43,6 +54,13 @@ class DraftTree:
     @staticmethod
     def root_only(state: torch.Tensor) -> DraftTree:
         return DraftTree(states=state[None].clone(), parents=((),))
+
+    def prefix(self, n: int) -> DraftTree:
+        """The root and nodes 1..n: a tree again, since every node's parents come before it."""
+        def cut(values: tuple[float, ...] | None) -> tuple[float, ...] | None:
+            return None if values is None else values[: n + 1]
+
+        return DraftTree(self.states[: n + 1], self.parents[: n + 1], cut(self.scores), cut(self.reach))
 
     def depth(self) -> list[int]:
         """Commits-steps from the root to each node along its first parent."""
@@ -100,6 +118,7 @@ def grow_best_first(
         gamma: per-depth weights (the last repeats); None means 1 at every depth.
     """
     states, parents, score, depth = [root], [()], [0.0], [0]
+    logp = [0.0]  # the path's log-score without gamma: what reach is calibrated on
     seen = {tuple(root.tolist())}
     edges: dict[int, list[Edge]] = {}
     heap: list[tuple[float, int, int, int, int]] = [(-0.0, 0, _EXPAND, 0, 0)]  # (-score, tiebreak, kind, node, rank)
@@ -141,7 +160,8 @@ def grow_best_first(
         states.append(child)
         parents.append((node,))
         score.append(-neg)
+        logp.append(logp[node] + edge.logp)
         depth.append(depth[node] + 1)
         heapq.heappush(heap, (neg, tiebreak, _EXPAND, len(states) - 1, 0))
         tiebreak += 1
-    return DraftTree(states=torch.stack(states), parents=tuple(parents))
+    return DraftTree(states=torch.stack(states), parents=tuple(parents), scores=tuple(logp))

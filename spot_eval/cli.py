@@ -60,7 +60,9 @@ def _set_threads(args: argparse.Namespace) -> None:
 def _decode_flags(p: argparse.ArgumentParser) -> None:
     _target_flags(p)
     p.add_argument("--method", default="draft_free", help="draft_free or a drafter: spot, spot_gamma, spiffy, random, adversarial, oracle")
-    p.add_argument("--budget", type=int, default=0, help="draft nodes per verify forward (0 with draft_free)")
+    p.add_argument("--budget", default="0",
+                   help="draft nodes per verify forward (0 with draft_free), or auto: sized per step by this device's verify cost")
+    p.add_argument("--max-budget", type=int, default=20, help="the cap of --budget auto")
     p.add_argument("--unmasking", default="single",
                    help="single | threshold (Fast-dLLM) | static | dynamic (SDAR's low_confidence_static / _dynamic)")
     p.add_argument("--threshold", type=float, default=0.9)
@@ -88,7 +90,8 @@ def _decode(args: argparse.Namespace) -> None:
     result = decode_prompt(
         target=path,
         method=args.method,
-        budget=args.budget,
+        budget=_budget(args.budget),
+        max_budget=args.max_budget,
         policy=args.unmasking,
         threshold=args.threshold,
         block_length=args.block_length,
@@ -114,6 +117,53 @@ def _decode(args: argparse.Namespace) -> None:
             f"{result['forwards']} target forwards, {result['steps']} steps, {result['seconds']:.2f} s",
             file=sys.stderr,
         )
+
+
+def _budget(text: str) -> int | str:
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"--budget must be a whole number or auto, got {text!r}") from None
+
+
+def _profile_flags(p: argparse.ArgumentParser) -> None:
+    _target_flags(p)
+    p.add_argument("--exact", action="store_true", help="profile the per-piece (exact) verify layout")
+    p.add_argument("--remeasure", action="store_true", help="measure again even when a cached profile matches")
+    _threads_flag(p)
+
+
+def _profile(args: argparse.Namespace) -> None:
+    from spot_eval.checkpoints.target import load_target
+    from spot_eval.harness.profile import cache_dir, profile_key, verify_profile
+
+    _set_threads(args)
+    path, dtype = _target(args)
+    target = load_target(path, args.block_length, args.device, args.exact, dtype)
+    profile = verify_profile(target, remeasure=args.remeasure)
+    print(json.dumps({**profile.to_dict(), "file": str(cache_dir() / f"{profile_key(target).digest()}.json")}))
+
+
+def _calibrate_reach_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--drafter", required=True, help="the SPOT checkpoint (.pt) to calibrate")
+    p.add_argument("--trajectories", nargs="+", required=True, help="the trajectory dirs the drafter was trained on")
+    p.add_argument("--budget", type=int, default=20, help="the tree size to replay (budget=auto's cap)")
+    p.add_argument("--max-blocks", type=int, default=200, help="held-out blocks replayed")
+    p.add_argument("--all-blocks", action="store_true",
+                   help="use every block, not the training's held-out split: trajectories collected apart from the "
+                        "drafter's training data (collect --seed N on other prompts)")
+    p.add_argument("--out", default=None, help="where to save (default: update --drafter in place)")
+
+
+def _calibrate_reach(args: argparse.Namespace) -> None:
+    from spot_eval.training.calibrate_reach import calibrate_reach_command
+
+    if args.budget < 1:
+        raise ValueError(f"--budget must be >= 1, got {args.budget}")
+    print(json.dumps(calibrate_reach_command(args.drafter, args.trajectories, args.budget, args.out, args.max_blocks,
+                                             args.all_blocks)))
 
 
 def _train_target_flags(p: argparse.ArgumentParser) -> None:
@@ -395,6 +445,8 @@ COMMANDS = (
     Command("spiffy-calibrate", "calibrate Spiffy's draft graph for a target on training prompts", _spiffy_calibrate_flags, _spiffy_calibrate),
     Command("sync", "replay the runs spooled during an MLflow outage into the tracking store", _sync_flags, _sync),
     Command("fit-gamma", "fit SPOT-gamma's per-depth exponents on held-out trajectories", _fit_gamma_flags, _fit_gamma),
+    Command("calibrate-reach", "fit the reach calibration budget=auto sizes SPOT's trees by", _calibrate_reach_flags, _calibrate_reach),
+    Command("profile", "measure (or show the cached) verify-cost profile of a target on this device", _profile_flags, _profile),
     Command("nightly", "run a suite through lm-eval, compare with a baseline, write a report, gate", _nightly_flags, _nightly),
     Command("compare", "SPOT vs Spiffy tables (throughput and forward ratios) from MLflow or results files", _compare_flags, _compare),
 )

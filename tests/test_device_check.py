@@ -16,8 +16,9 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.slow
-def test_the_dry_run_reports_every_figure_as_one_json_line():
-    env = {**os.environ, "PYTHON": sys.executable, "LM_EVAL": str(Path(sys.executable).parent / "lm_eval")}
+def test_the_dry_run_reports_every_figure_as_one_json_line(tmp_path):
+    env = {**os.environ, "PYTHON": sys.executable, "LM_EVAL": str(Path(sys.executable).parent / "lm_eval"),
+           "XDG_CACHE_HOME": str(tmp_path / "cache")}
     run = subprocess.run(["bash", str(REPO / "bench" / "device_check.sh"), "--dry-run"], capture_output=True, text=True,
                          env=env, cwd=REPO, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
@@ -28,4 +29,6 @@ def test_the_dry_run_reports_every_figure_as_one_json_line():
     assert exact and all(f["max_abs_logit_diff"] == 0 and f["flips"] == 0 for f in exact)
     bench = [f for f in figures if f["bench"] == "benchmark"]
     assert {f["task"] for f in bench} == {"spot_gsm8k", "spot_math500", "spot_humaneval", "spot_mbpp"}
-    assert all(f["lossless"] == 1.0 for f in bench) and {f["label"] for f in bench} == {"draft_free", "spot@8", "spiffy@3"}
+    assert all(f["lossless"] == 1.0 for f in bench) and {f["label"] for f in bench} == {"draft_free", "spot@8", "spot@auto", "spiffy@3"}
+    [auto] = [f for f in figures if f["bench"] == "auto_cost"]
+    assert auto["exact"] and auto["profile"]["key"]["dtype"] == "bfloat16" and auto["order_model_ms"] > 0

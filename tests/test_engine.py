@@ -20,9 +20,39 @@ from spot import DecodeConfig, Sampling, generate
 from spot.drafters import AdversarialDrafter, OracleDrafter, RandomDrafter
 from spot.drafters.order_model import OrderModel
 from spot.drafters.spot import SpotDrafter
+from spot.sizing import Sizing, VerifyCost
 
 TEMPERATURES = [0.0, 0.7, 1.0, 2.0]
 BUDGETS = [1, 4, 8, 20]
+AUTO = "auto"  # budget=auto at the cap of 20, sized by one of SIZINGS
+# Cost curves for budget=auto: a GPU-like flat one (big trees), a CPU-like slope (small ones, or none),
+# and one so steep that drafting never pays (the draft-free step every time).
+FLAT, SLOPED, STEEP = (VerifyCost((1, 21), (0, 4096), ((1.0, 1.2), (1.0, 1.2))),
+                       VerifyCost((1, 2, 21), (0,), ((1.0, 1.3, 6.0),)),
+                       VerifyCost((1, 2), (0,), ((1.0, 3.0),)))
+SIZINGS = [Sizing(FLAT, ((1, 0.1),), (0.9,) * 20), Sizing(SLOPED, ((1, 0.05), (20, 0.2)), (0.8, 0.5, 0.3)),
+           Sizing(STEEP, ((1, 0.5),), (0.5,))]
+
+
+class Reaching:
+    """A drafter whose trees carry pseudo-random reach probabilities (any values must stay lossless:
+    sizing only chooses which drafted states are verified)."""
+
+    def __init__(self, drafter, seed: int) -> None:
+        self.drafter, self.name = drafter, f"{drafter.name}+reach"
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def draft(self, ctx):
+        tree = self.drafter.draft(ctx)
+        return replace(tree, reach=(1.0, *torch.rand(tree.size, generator=self.generator).tolist()))
+
+
+def run(target, prompt, config, drafter, budget, rotation: int = 0):
+    """generate at a fixed budget, or at budget=auto with the rotation's sizing and a reaching drafter."""
+    if budget == AUTO:
+        return generate(target, prompt, with_budget(config, 20), drafter=Reaching(drafter, rotation),
+                        sizing=SIZINGS[rotation % len(SIZINGS)])
+    return generate(target, prompt, with_budget(config, budget), drafter=drafter)
 
 
 def prompt_ids(seed: int, length: int) -> list[int]:
@@ -62,8 +92,8 @@ def assert_lossless(target, prompt, config, rotation: int):
     (drafter, budget) pair is checked, at a quarter of the cost of all pairs at every point."""
     reference = generate(target, prompt, config, record=True)
     for i, drafter in enumerate(drafters(reference)):
-        budget = BUDGETS[(i + rotation) % len(BUDGETS)]
-        got = generate(target, prompt, with_budget(config, budget), drafter=drafter)
+        budget = [*BUDGETS, AUTO][(i + rotation) % (len(BUDGETS) + 1)]
+        got = run(target, prompt, config, drafter, budget, rotation)
         assert got.token_ids == reference.token_ids, (drafter.name, budget)
         assert got.finish_reason == reference.finish_reason
     return reference
@@ -110,8 +140,8 @@ def test_sdar_schedules_are_lossless_with_every_drafter_and_budget(policy, steps
     reference = generate(target, prompt, config, record=True)
     assert reference.stats.steps <= 4 * steps  # four blocks (the prompt fills part of the first), `steps` steps at most each
     for drafter in drafters(reference):
-        for budget in (1, 8, 20):
-            got = generate(target, prompt, with_budget(config, budget), drafter=drafter)
+        for budget in (1, 8, 20, AUTO):
+            got = run(target, prompt, config, drafter, budget, steps)
             assert got.token_ids == reference.token_ids, (drafter.name, budget)
     oracle = generate(target, prompt, with_budget(config, 8), drafter=OracleDrafter(reference.trajectory))
     assert oracle.stats.forwards < reference.stats.forwards
@@ -124,7 +154,7 @@ def test_sdar_schedules_are_lossless_with_every_drafter_and_budget(policy, steps
     gen_length=st.integers(1, 50),
     temperature=st.sampled_from(TEMPERATURES),
     policy=st.sampled_from(["single", "threshold", "static", "dynamic"]),
-    budget=st.sampled_from(BUDGETS),
+    budget=st.sampled_from([*BUDGETS, AUTO]),
     numerics=st.sampled_from(NUMERICS),
 )
 def test_random_prompts_and_lengths_are_lossless(seed, prompt_length, gen_length, temperature, policy, budget, numerics):
@@ -137,7 +167,7 @@ def test_random_prompts_and_lengths_are_lossless(seed, prompt_length, gen_length
     reference = generate(target, prompt, config, record=True)
     assert len(reference.token_ids) <= gen_length
     for drafter in drafters(reference):
-        assert generate(target, prompt, with_budget(config, budget), drafter=drafter).token_ids == reference.token_ids
+        assert run(target, prompt, config, drafter, budget, seed).token_ids == reference.token_ids
 
 
 @pytest.mark.parametrize("budget", BUDGETS)

@@ -11,7 +11,7 @@ from conftest import VOCAB, tiny_target
 
 from spot import DecodeConfig, Sampling, generate
 from spot.drafters.base import DraftContext
-from spot.drafters.gamma import fit_gamma, replay
+from spot.drafters.gamma import fit_gamma, replay_commits
 from spot.drafters.order_examples import ExampleBatch, RecordedBlock, example_index, make_examples
 from spot.drafters.order_model import OrderModel
 from spot.drafters.spot import SpotDrafter, _renormalised
@@ -49,7 +49,7 @@ def test_replay_equals_the_engine(temperature):
     for request, ids in enumerate(prompts):
         g = generate(target, ids, replace(config, budget=6), drafter=drafter, request=request)
         steps, forwards = steps + g.stats.steps, forwards + g.stats.forwards
-    assert replay(drafter, recorded(target, prompts, config), budget=6) == pytest.approx(steps / forwards, abs=1e-12)
+    assert replay_commits(drafter, recorded(target, prompts, config), budget=6) == pytest.approx(steps / forwards, abs=1e-12)
 
 
 def test_the_fit_is_at_least_plain_spot():

@@ -170,14 +170,31 @@ def flip(offset_fraction: float):
 
 @pytest.mark.parametrize(
     "edit",
-    [lambda d: d[: len(d) // 2], lambda d: d[:100], lambda d: b"", flip(0.5), flip(0.3), flip(0.01), flip(0.999)],
-    ids=["truncated-half", "truncated-head", "empty", "flip-middle", "flip-data", "flip-header", "flip-end"],
+    [lambda d: d[: len(d) // 2], lambda d: d[:100], lambda d: b""],
+    ids=["truncated-half", "truncated-head", "empty"],
 )
 def test_damaged_files_are_named_as_corrupt(checkpoint, tmp_path, edit):
     path = damaged(checkpoint, tmp_path, edit)
     with pytest.raises(ValueError, match="corrupt or truncated") as err:
         load_checkpoint(path)
     assert path in str(err.value) and "retrain" in str(err.value)
+
+
+@pytest.mark.parametrize("fraction", [0.5, 0.3, 0.01, 0.02, 0.999], ids=lambda f: f"flip-at-{f}")
+def test_a_flipped_byte_is_named_as_corrupt_or_changes_nothing(checkpoint, tmp_path, fraction):
+    """Never a quietly different drafter: a flip is caught, or it hit a byte that carries no data (a pickle
+    memo slot, zip padding) and everything loads exactly as saved."""
+    path = damaged(checkpoint, tmp_path, flip(fraction))
+    try:
+        loaded = load_checkpoint(path)
+    except ValueError as err:
+        assert "corrupt or truncated" in str(err) and path in str(err)
+        return
+    original = load_checkpoint(checkpoint)
+    assert (loaded.config, loaded.fingerprint, loaded.metrics, loaded.gamma, loaded.reach) == (
+        original.config, original.fingerprint, original.metrics, original.gamma, original.reach)
+    state = original.model.state_dict()
+    assert all(torch.equal(t, state[name]) for name, t in loaded.model.state_dict().items())
 
 
 def rewritten(checkpoint, tmp_path, change) -> str:

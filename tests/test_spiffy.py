@@ -24,6 +24,7 @@ from spot.drafters.spiffy import (
     prune,
     scores,
 )
+from spot.sizing import Sizing, VerifyCost
 from spot_eval.checkpoints.spiffy_graph import graph_for_target
 from spot_eval.checkpoints.target import load_target
 from spot_eval.cli import main
@@ -273,3 +274,34 @@ def test_calibration_is_deterministic_and_its_graph_decodes_losslessly(tmp_path,
         main([*decode, "--method", "spiffy", "--budget", "3", "--drafter", str(outs[0]), "--unmasking", "threshold"])
     assert exit_.value.code == 2
     assert "differs in policy: 'single' vs 'threshold'" in capsys.readouterr().err
+
+
+def test_spiffy_trees_carry_the_calibration_counts_as_reach_and_auto_stays_lossless():
+    """budget=auto for Spiffy: a node's reach is how often calibration saw its future (count / root count)."""
+    raw = graph_dict(16)
+    for node, count in zip(raw["nodes"], (100, 60, 20, 10, 15, 5, 4, 2), strict=True):
+        node["count"] = count
+    graph = graph_from_dict(raw)
+    assert graph.reach == (1.0, 0.6, 0.2, 0.1, 0.15, 0.05, 0.04, 0.02)
+    assert graph_from_dict(graph_dict(16)).reach is None  # hand-made: no counts
+    target = tiny_target(16, seed=3, eos_ids=frozenset())
+    config = DecodeConfig(block_length=16, gen_length=40, sampling=Sampling(1.0), seed=2)
+    prompt = list(range(1, 12))
+    reference = generate(target, prompt, config, record=True)
+    drafter = SpiffyDrafter(graph, prune_to=None)
+    assert drafter.mean_reach == graph.reach[1:]
+    trees = []
+
+    class Spy:
+        name = "spiffy"
+        mean_reach = drafter.mean_reach
+
+        def draft(self, ctx):
+            trees.append(drafter.draft(ctx))
+            return trees[-1]
+
+    for cost in (VerifyCost((1, 9), (0,), ((1.0, 1.1),)), VerifyCost((1, 2), (0,), ((1.0, 1.5),))):
+        got = generate(target, prompt, replace(config, budget=7), drafter=Spy(), sizing=Sizing(cost, ((1, 0.01),), drafter.mean_reach))
+        assert got.token_ids == reference.token_ids
+    drafted = [t for t in trees if t.size]
+    assert drafted and all(t.reach[0] == 1.0 and set(t.reach[1:]) <= set(graph.reach[1:]) for t in drafted)

@@ -177,6 +177,12 @@ def test_cli_collect_then_train_drafter(checkpoint, tmp_path, capsys):
     fit = json.loads(capsys.readouterr().out)
     assert fit["commits_per_forward"] >= fit["spot_commits_per_forward"] >= 1.0
     assert load_checkpoint(gamma_path).gamma[:8] == tuple(fit["gamma"]) and load_checkpoint(drafter).gamma is None
+    # budget=auto's reach calibration: replayed on the same held-out requests, stored beside gamma.
+    main(["calibrate-reach", "--drafter", str(gamma_path), "--trajectories", str(out), "--budget", "4"])
+    reach = json.loads(capsys.readouterr().out)
+    assert reach["trees"] > 0 and reach["nodes"] <= 4 * reach["trees"] and 0 < sum(b["count"] for b in reach["bins"]) < reach["nodes"]
+    calibrated = load_checkpoint(gamma_path)
+    assert calibrated.gamma[:8] == tuple(fit["gamma"]) and calibrated.reach.mean_reach[:8] == tuple(reach["mean_reach"])
 
 
 @pytest.mark.parametrize(

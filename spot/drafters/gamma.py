@@ -20,9 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
-from spot.config import DecodeConfig, Sampling
-from spot.drafters.base import DraftContext
 from spot.drafters.order_examples import RecordedBlock
+from spot.drafters.reach import replay
 from spot.drafters.spot import SpotDrafter
 
 MAX_DEPTH = 32
@@ -36,25 +35,12 @@ class GammaFit:
     grid: tuple[tuple[float, float, float], ...]  # (a, b, commits per forward) for every point tried
 
 
-def replay(drafter: SpotDrafter, blocks: Sequence[RecordedBlock], budget: int) -> float:
+def replay_commits(drafter: SpotDrafter, blocks: Sequence[RecordedBlock], budget: int) -> float:
     """Commits per verify forward of the engine's walk over recorded blocks."""
     steps = forwards = 0
-    for block in blocks:
-        n_steps = block.states.shape[0] - 1
-        config = DecodeConfig(block_length=block.states.shape[1], sampling=Sampling(block.temperature), seed=block.seed, budget=budget)
-        s = 0
-        while s < n_steps:
-            accepted = 1
-            if s > 0:
-                ctx = DraftContext(block.states[s], None, block.states[s - 1], None, config, block.mask_id, block.request,
-                                   block.block, s, budget, lambda _: None)
-                tree = drafter.grow(ctx, block.topk_logprobs[s - 1].float(), block.topk_ids[s - 1].long(), block.prior(s))
-                nodes = {tuple(row) for row in tree.states.tolist()}
-                while s + accepted <= n_steps - 1 and tuple(block.states[s + accepted].tolist()) in nodes:
-                    accepted += 1
-            s += accepted
-            steps += accepted
-            forwards += 1
+    for tree in replay(drafter.grow, blocks, budget):
+        steps += 1 if tree is None else tree.steps
+        forwards += 1
     return steps / max(forwards, 1)
 
 
@@ -74,7 +60,7 @@ def fit_gamma(
     with torch.inference_mode():
         for a, b in itertools.product(roots, slopes):
             trial = SpotDrafter(drafter.model, gate=drafter.gate, gamma=depth_weights(a, b), model_depth=drafter.model_depth)
-            grid.append((a, b, replay(trial, blocks, budget)))
-        baseline = replay(SpotDrafter(drafter.model, gate=drafter.gate, model_depth=drafter.model_depth), blocks, budget)
+            grid.append((a, b, replay_commits(trial, blocks, budget)))
+        baseline = replay_commits(SpotDrafter(drafter.model, gate=drafter.gate, model_depth=drafter.model_depth), blocks, budget)
     a, b, best = max(grid, key=lambda row: row[2])
     return GammaFit(depth_weights(a, b), best, baseline, tuple(grid))

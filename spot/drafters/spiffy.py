@@ -107,6 +107,14 @@ class SpiffyGraph:
         return len(self.nodes) - 1
 
     @property
+    def reach(self) -> tuple[float, ...] | None:
+        """Per node, how often calibration saw its future among the roots it counted (node 0's count):
+        the probability that the walk reaches it, as budget=auto reads it; None for a hand-made graph.
+        Calibrated at T = 0 and reused at every T, like the graph itself (an overestimate at T > 0)."""
+        root = self.nodes[0].count
+        return tuple(n.count / root for n in self.nodes) if root > 0 else None
+
+    @property
     def max_token_rank(self) -> int:
         return max((f.token for node in self.nodes for f in node.commits), default=0)
 
@@ -294,11 +302,13 @@ def commit_offsets(n_commits: int, depth: int) -> list[int]:
 @dataclass(frozen=True)
 class Drafts:
     """An instantiated graph. states: [N + 1, K], row 0 the root; parents: as in DraftTree;
-    local: each node's mean log stale probability over its drafted tokens (0.0 for the root)."""
+    local: each node's mean log stale probability over its drafted tokens (0.0 for the root);
+    nodes: the graph node each row instantiates (the first, where formulas meet in one state)."""
 
     states: torch.Tensor
     parents: tuple[tuple[int, ...], ...]
     local: tuple[float, ...]
+    nodes: tuple[int, ...]
 
 
 def instantiate(
@@ -334,7 +344,7 @@ def instantiate(
             ranked[offset] = torch.sort(key, dim=-1, descending=True, stable=True).indices
         return ranked[offset]
 
-    states, parents, local = [state], [()], [0.0]
+    states, parents, local, nodes = [state], [()], [0.0], [0]
     kept: dict[int, int] = {0: 0}  # graph node -> draft row
     rows: dict[tuple[int, ...], int] = {tuple(state.tolist()): 0}
     for index, node in enumerate(graph.nodes[1:], start=1):
@@ -360,7 +370,8 @@ def instantiate(
             states.append(child)
             parents.append(tuple(alive))
             local.append(logp / len(node.commits))
-    return Drafts(torch.stack(states), tuple(parents), tuple(local))
+            nodes.append(index)
+    return Drafts(torch.stack(states), tuple(parents), tuple(local), tuple(nodes))
 
 
 def scores(parents: Sequence[Sequence[int]], local: Sequence[float]) -> list[float]:
@@ -407,6 +418,8 @@ class SpiffyDrafter:
         self.graph = graph
         self.prune_to = prune_to
         self.topk = max(topk, graph.max_token_rank + 1)
+        reach = graph.reach
+        self.mean_reach = reach[1:] if reach else None  # budget=auto's expectation, in graph order
 
     def draft(self, ctx: DraftContext) -> DraftTree:
         if ctx.state.shape[0] != self.graph.block_length or ctx.config.policy != self.graph.policy:
@@ -425,9 +438,10 @@ class SpiffyDrafter:
 
         drafts = instantiate(self.graph, state, logprobs, ids, ctx.mask_id, ctx.config.sampling, noise)
         keep = min(ctx.budget, self.prune_to if self.prune_to is not None else self.graph.size)
-        if len(drafts.local) - 1 <= keep:
-            return DraftTree(drafts.states, drafts.parents)
-        rows = [0, *prune(drafts.parents, drafts.local, keep)]
+        rows = list(range(len(drafts.local)))
+        if len(rows) - 1 > keep:
+            rows = [0, *prune(drafts.parents, drafts.local, keep)]
         new = {old: i for i, old in enumerate(rows)}
         parents = tuple(tuple(new[p] for p in drafts.parents[r] if p in new) for r in rows)
-        return DraftTree(drafts.states[rows], parents)
+        reach = self.graph.reach
+        return DraftTree(drafts.states[rows], parents, reach=None if reach is None else tuple(reach[drafts.nodes[r]] for r in rows))

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import replace
 
 import torch
 
 from spot.drafters.base import DraftContext
 from spot.drafters.order_model import OrderModel, Prediction, Prior, features, predict, step_noise_at_topk
+from spot.drafters.reach import ReachCalibration
 from spot.policy import topk_logprobs
 from spot.tree import DraftTree, Edge, Frontier, grow_best_first
 
@@ -24,6 +26,8 @@ from spot.tree import DraftTree, Edge, Frontier, grow_best_first
 class SpotDrafter:
     """SPOT's drafter.
 
+    reach: the calibration of path scores to the probability that the walk reaches a node
+        (spot.drafters.reach); with it every tree carries `reach`, which budget=auto sizes by.
     model_depth: tree levels that get a fresh order-model call; a deeper node reuses its parent's
         order logits, renormalised over the positions still masked (a Plackett-Luce chain). With 1
         the model runs once per tree, at the root; None re-scores every node, which costs one
@@ -50,6 +54,7 @@ class SpotDrafter:
         gamma: Sequence[float] | None = None,
         name: str = "spot",
         model_depth: int | None = 1,
+        reach: ReachCalibration | None = None,
     ) -> None:
         if not 0.0 <= gate <= 1.0:
             raise ValueError(f"token gate must be in [0, 1], got {gate}")
@@ -58,6 +63,8 @@ class SpotDrafter:
         self.model = model.eval()
         self.gate = gate
         self.gamma = tuple(gamma) if gamma else None
+        self.reach = reach
+        self.mean_reach = None if reach is None else reach.mean_reach  # budget=auto's expectation before drafting
         self.name = name
         self.model_depth = model_depth
 
@@ -132,7 +139,10 @@ class SpotDrafter:
                 out.append(_renormalised(table(scored_by[node], depth), masked[i].tolist(), order_logits[scored_by[node]], ctx.budget))
             return out
 
-        return grow_best_first(ctx.state, ctx.budget, expand, self.gamma)
+        tree = grow_best_first(ctx.state, ctx.budget, expand, self.gamma)
+        if self.reach is None:
+            return tree
+        return replace(tree, reach=(1.0, *self.reach(tree.scores[1:])))
 
 
 def _predictions(lp: torch.Tensor, ids: torch.Tensor, ctx: DraftContext, temperature: float) -> list[Prediction]:

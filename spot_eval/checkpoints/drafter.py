@@ -4,7 +4,10 @@ A checkpoint is one `torch.save`d dict, read back with `torch.load(path, weights
 
     {"format": "spot-order-model/3", "state_dict": {...}, "state_sha256": "...",
      "config": OrderModelConfig.to_dict(), "fingerprint": target_fingerprint(...),
-     "metrics": {...held-out accuracies...}, "gamma": None}
+     "metrics": {...held-out accuracies...}, "gamma": None, "reach": None}
+
+"reach" (optional; `spot-eval calibrate-reach`) maps tree scores to the probability that the walk
+reaches a node (spot.drafters.reach), which budget=auto needs.
 
 `state_sha256` is there because torch's zip reader does not check the data it reads: a flipped byte
 inside a weight tensor loads silently and only makes the drafter worse. Every way a file can be
@@ -23,6 +26,7 @@ from pathlib import Path
 import torch
 
 from spot.drafters.order_model import OrderModel, OrderModelConfig
+from spot.drafters.reach import ReachCalibration
 from spot_eval.checkpoints.fingerprint import IDENTITY
 
 FORMAT = "spot-order-model/3"
@@ -54,10 +58,16 @@ class DrafterCheckpoint:
     fingerprint: dict
     metrics: dict
     gamma: tuple[float, ...] | None  # SPOT-gamma's per-depth exponents (spot.drafters.spot), None for plain SPOT
+    reach: ReachCalibration | None = None  # for budget=auto; None until calibrated
 
 
 def save_checkpoint(
-    path: str | Path, model: OrderModel, fingerprint: dict, metrics: dict, gamma: Sequence[float] | None = None
+    path: str | Path,
+    model: OrderModel,
+    fingerprint: dict,
+    metrics: dict,
+    gamma: Sequence[float] | None = None,
+    reach: ReachCalibration | None = None,
 ) -> None:
     """Write atomically (temp file + rename): an interrupted save never leaves a half checkpoint."""
     path = Path(path)
@@ -71,6 +81,7 @@ def save_checkpoint(
         "fingerprint": dict(fingerprint),
         "metrics": metrics,
         "gamma": None if gamma is None else [float(g) for g in gamma],
+        "reach": None if reach is None else reach.to_dict(),
     }
     tmp = path.with_name(path.name + ".tmp")
     torch.save(payload, tmp)
@@ -127,4 +138,11 @@ def load_checkpoint(path: str | Path) -> DrafterCheckpoint:
     gamma = raw["gamma"]
     if gamma is not None and not (isinstance(gamma, list) and all(isinstance(g, float) for g in gamma)):
         raise corrupt(f"gamma is {gamma!r}, expected null or a list of floats")
-    return DrafterCheckpoint(str(path), model.eval(), config, fingerprint, raw["metrics"], None if gamma is None else tuple(gamma))
+    reach = raw.get("reach")
+    if reach is not None:
+        try:
+            reach = ReachCalibration.from_dict(reach)
+        except (KeyError, TypeError, ValueError, AttributeError) as err:
+            raise corrupt(f"the reach calibration is malformed ({err})") from None
+    return DrafterCheckpoint(str(path), model.eval(), config, fingerprint, raw["metrics"],
+                             None if gamma is None else tuple(gamma), reach)

@@ -9,7 +9,8 @@ import torch
 
 from spot import DecodeConfig, Sampling, generate
 from spot_eval.checkpoints.target import checkpoint_info, encode_prompt, load_target
-from spot_eval.harness.methods import KNOWN, MethodSpec, build_drafter, drafter_file
+from spot_eval.harness.methods import AUTO, KNOWN, MAX_BUDGET, MethodSpec, build_drafter, drafter_file
+from spot_eval.harness.profile import auto_sizing
 from spot_eval.harness.settings import resolve_device
 
 DRAFT_FREE = "draft_free"
@@ -18,7 +19,7 @@ DRAFT_FREE = "draft_free"
 def decode_prompt(
     target: str | Path,
     method: str,
-    budget: int,
+    budget: int | str,
     policy: str,
     threshold: float,
     block_length: int | None,
@@ -34,16 +35,25 @@ def decode_prompt(
     exact: bool = False,
     dtype: torch.dtype | None = None,
     steps: int | None = None,
+    max_budget: int = MAX_BUDGET,
 ) -> dict:
     """drafter_path: the method's checkpoint or graph (default: the one shipped for the block
     length). With spiffy the budget is D*, the nodes kept by Spiffy's online pruning. exact: verify
-    in the per-piece layout (spot.targets.attention)."""
+    in the per-piece layout (spot.targets.attention). budget "auto": each tree sized by this device's
+    verify cost (spot.sizing), at most `max_budget` nodes."""
     if method != DRAFT_FREE and method not in KNOWN:
         raise ValueError(f"unknown method {method!r}; choose {DRAFT_FREE} or one of {', '.join(KNOWN)}")
     if method == DRAFT_FREE and (budget or drafter_path):
         raise ValueError(f"method {DRAFT_FREE} takes no budget or --drafter; pick a drafter method to use them")
+    auto = budget == "auto"
+    if auto:
+        if method not in AUTO:
+            raise ValueError(f"--budget auto needs a drafter with calibrated reach probabilities: {', '.join(AUTO)}")
+        if max_budget < 1:
+            raise ValueError(f"--max-budget must be >= 1, got {max_budget}")
+        budget = max_budget
     if method != DRAFT_FREE and budget < 1:
-        raise ValueError(f"method {method} needs --budget >= 1 (draft nodes per verify forward), got {budget}")
+        raise ValueError(f"method {method} needs --budget >= 1 (draft nodes per verify forward) or auto, got {budget}")
     # Everything is checked before the weights load.
     device = resolve_device("--device", device, fall_back=False)
     config = DecodeConfig(
@@ -56,7 +66,7 @@ def decode_prompt(
         seed=seed,
         budget=budget,
     )
-    spec = None if method == DRAFT_FREE else MethodSpec(method, budget, drafter_path)
+    spec = None if method == DRAFT_FREE else MethodSpec(method, budget, drafter_path, auto)
     if spec is not None:
         drafter_file(spec, config.block_length)
     model = load_target(target, block_length, device, exact, dtype)
@@ -68,11 +78,15 @@ def decode_prompt(
         if spec.needs_reference:
             reference = generate(model, ids, replace(config, budget=0), record=True)
         drafter = build_drafter(spec, model, policy, reference)
-    result = generate(model, ids, config, drafter=drafter, decode=decode)
+    sizing = auto_sizing(model, drafter, config) if auto else None
+    result = generate(model, ids, config, drafter=drafter, decode=decode, sizing=sizing)
     s = result.stats
     return {
         "method": method,
-        "budget": budget,
+        "budget": "auto" if auto else budget,
+        "max_budget": budget if auto else None,
+        "mean_tree_size": s.mean_tree_size,
+        "drafter_seconds_per_tree": None if sizing is None else dict(sizing.drafter),
         "target": str(target),
         "text": result.text,
         "token_ids": list(result.token_ids),

@@ -19,13 +19,15 @@ from lm_eval.api.model import LM
 from tqdm import tqdm
 
 from spot import DecodeConfig, Sampling, generate
+from spot.sizing import Sizing
 from spot_eval.checkpoints.shipped import EMBEDDED_TARGET
 from spot_eval.checkpoints.target import checkpoint_info, load_target, resolve_checkpoint, target_id
 from spot_eval.execution.sandbox import SandboxError, confinement
 from spot_eval.harness import settings
 from spot_eval.harness.lossless import MethodRecord
-from spot_eval.harness.methods import MethodSpec, build_drafter, drafter_file, parse_methods
+from spot_eval.harness.methods import MAX_BUDGET, MethodSpec, build_drafter, drafter_file, parse_methods
 from spot_eval.harness.parallel import Ranks
+from spot_eval.harness.profile import auto_sizing, verify_profile
 from spot_eval.harness.session import RequestRecord, Session
 from spot_eval.tracking.writer import TrackingConfig, open_tracker
 
@@ -38,6 +40,7 @@ class SpotArgs:
     revision: str | None = None  # the hub id's branch, tag or commit
     methods: str = "spot+spiffy@3"  # SPOT at `budgets`, Spiffy pruned to D* = 3 (its paper default)
     budgets: str = "8"
+    max_budget: int = MAX_BUDGET  # budget=auto's cap (methods=spot@auto)
     unmasking: str = "single"  # single | threshold (Fast-dLLM) | static | dynamic (SDAR's schedules, with steps)
     threshold: float = 0.9
     steps: int | None = None  # SDAR's denoising_steps per block, for static and dynamic
@@ -118,7 +121,9 @@ class SpotLM(LM):
                 f"gen_length {self.config.gen_length} is below one block ({block_length}); "
                 "raise gen_length or lower block_length"
             )
-        self.specs: list[MethodSpec] = parse_methods(args.methods, args.budgets)
+        if args.max_budget < 1:
+            raise ValueError(f"max_budget={args.max_budget}: budget=auto's cap must be >= 1 (default {MAX_BUDGET})")
+        self.specs: list[MethodSpec] = parse_methods(args.methods, args.budgets, args.max_budget)
         if self.specs and not args.reference:
             raise ValueError("reference=False leaves nothing to compare the methods with; drop methods or keep reference")
         for spec in self.specs:
@@ -130,18 +135,33 @@ class SpotLM(LM):
             torch.set_num_threads(args.threads)
         self.target = load_target(path, args.block_length, device, args.exact, dtype)
         self._drafters = {s.label: build_drafter(s, self.target, self.config.policy) for s in self.specs if not s.needs_reference}
+        self._sizings, profile = self._auto_sizings()
         # One MLflow run for the whole evaluation: rank 0's; the other ranks hand their records to it.
         tracking = TrackingConfig(self.args.mlflow_tracking_uri, self.args.mlflow_experiment)
         tracker = open_tracker(tracking if self.ranks.main else None)
         run = {"model_args": asdict(self.args), "decoder": _config_dict(self.config),
                "lm_eval_version": _lm_eval_version(), "target_id": target_id(args.pretrained, path),
-               "sandbox": _sandbox(), "world_size": self.ranks.world_size}
+               "sandbox": _sandbox(), "world_size": self.ranks.world_size, "profile": profile}
         tracker.log_params({**_flatten({"model_args": run["model_args"], "decoder": run["decoder"],
-                                        "sandbox": run["sandbox"]}),
+                                        "sandbox": run["sandbox"], "profile": profile or {}}),
                             "lm_eval_version": run["lm_eval_version"], "world_size": self.ranks.world_size,
                             **_flatten(self._fingerprints())})
         self.session = Session(self.args, self._fingerprints(), tracker, self.args.output_dir, run, self.ranks)
         self._repeat = Counter()
+
+    def _auto_sizings(self) -> tuple[dict[str, Sizing], dict | None]:
+        """budget=auto's inputs per auto method: this device's verify-cost profile (cached, or measured
+        once), the drafter's seconds per tree (measured now), its mean reach; and the profile for the record."""
+        auto = [s for s in self.specs if s.auto]
+        if not auto:
+            return {}, None
+        profile = verify_profile(self.target)
+        sizings, record = {}, {**profile.to_dict(), "drafter_seconds": {}}
+        for spec in auto:
+            sizing = auto_sizing(self.target, self._drafters[spec.label], replace(self.config, budget=spec.budget), profile)
+            sizings[spec.label] = sizing
+            record["drafter_seconds"][spec.label] = dict(sizing.drafter)
+        return sizings, record
 
     # -- lm-eval contract --------------------------------------------------------------------------
 
@@ -264,9 +284,9 @@ class SpotLM(LM):
             drafter = self._drafters.get(spec.label) or build_drafter(spec, self.target, config.policy, reference)
             got = generate(
                 self.target, ids, replace(config, budget=spec.budget),
-                drafter=drafter, request=request, decode=decode, record=True,
+                drafter=drafter, request=request, decode=decode, record=True, sizing=self._sizings.get(spec.label),
             )
-            methods.append(MethodRecord.of(spec.name, spec.budget, got, reference, config, mask_id))
+            methods.append(MethodRecord.of(spec.name, spec.budget, got, reference, config, mask_id, auto=spec.auto))
         record = RequestRecord(
             task=req.task_name, doc_id=req.doc_id, repeat=repeat, request=request,
             prompt_sha256=hashlib.sha256(context.encode()).hexdigest()[:16], text=reference.text, methods=methods,

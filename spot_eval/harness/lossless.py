@@ -41,22 +41,33 @@ class MethodRecord:
     drafter_seconds: float
     accepted_lengths: tuple[int, ...]
     divergence: Divergence | None
+    draft_nodes: int = 0  # draft nodes verified, over all forwards
+    auto: bool = False  # budget=auto, `budget` its cap
 
     @property
     def label(self) -> str:
-        return "draft_free" if self.method == "draft_free" else f"{self.method}@{self.budget}"
+        if self.method == "draft_free":
+            return "draft_free"
+        return f"{self.method}@auto" if self.auto else f"{self.method}@{self.budget}"
+
+    @property
+    def mean_tree_size(self) -> float:
+        """Draft nodes per verify forward."""
+        return self.draft_nodes / max(len(self.accepted_lengths), 1)
 
     @property
     def lossless(self) -> bool:
         return self.divergence is None
 
     @classmethod
-    def of(cls, method: str, budget: int, got: Generation, reference: Generation, config: DecodeConfig, mask_id: int) -> MethodRecord:
+    def of(
+        cls, method: str, budget: int, got: Generation, reference: Generation, config: DecodeConfig, mask_id: int, auto: bool = False
+    ) -> MethodRecord:
         """`got` and `reference` with their trajectories (record=True; the reference with record_margins=True)."""
         s = got.stats
         return cls(
             method, budget, got.token_ids, s.forwards, s.steps, s.seconds, s.target_seconds, s.drafter_seconds,
-            s.accepted_lengths, diverge(got, reference, config, mask_id),
+            s.accepted_lengths, diverge(got, reference, config, mask_id), s.draft_nodes, auto,
         )
 
 

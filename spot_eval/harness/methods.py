@@ -1,9 +1,10 @@
 """Speculative methods by name: parsing `methods=`/`budgets=` and building their drafters.
 
-A method item is `name[@budget][:path]`: `spot@20`, `spiffy@3:graph.json`, `spot_gamma`. Items are
-joined with `+` (lm-eval splits `--model_args` on commas, so a comma cannot separate list items).
-Without `@budget` an item runs at every budget of `budgets=`. Without `:path` the drafter shipped
-for the target's block length is used.
+A method item is `name[@budget][:path]`: `spot@20`, `spiffy@3:graph.json`, `spot_gamma`, `spot@auto`.
+Items are joined with `+` (lm-eval splits `--model_args` on commas, so a comma cannot separate list
+items). Without `@budget` an item runs at every budget of `budgets=`. Without `:path` the drafter
+shipped for the target's block length is used. `auto` sizes every tree by what a verify costs on
+the device (spot.sizing), up to `max_budget` nodes.
 """
 
 from __future__ import annotations
@@ -17,20 +18,23 @@ from spot_eval.checkpoints.shipped import shipped_drafter
 from spot_eval.harness.settings import as_int
 
 LEARNED = ("spot", "spot_gamma", "spiffy")
+AUTO = ("spot", "spot_gamma", "spiffy")  # the drafters that know their reach (budget=auto)
+MAX_BUDGET = 20  # budget=auto's default cap: the paper's largest budget
 REFERENCE = ("random", "adversarial", "oracle")  # need the draft-free trajectory (oracle, adversarial)
 KNOWN = LEARNED + REFERENCE
-_ITEM = re.compile(r"^(?P<name>[a-z_]+)(?:@(?P<budget>-?\d+))?(?::(?P<path>.+))?$")
+_ITEM = re.compile(r"^(?P<name>[a-z_]+)(?:@(?P<budget>-?\d+|auto))?(?::(?P<path>.+))?$")
 
 
 @dataclass(frozen=True)
 class MethodSpec:
     name: str
-    budget: int
+    budget: int  # with auto: the cap
     path: str | None = None
+    auto: bool = False
 
     @property
     def label(self) -> str:
-        return f"{self.name}@{self.budget}"
+        return f"{self.name}@auto" if self.auto else f"{self.name}@{self.budget}"
 
     @property
     def needs_reference(self) -> bool:
@@ -46,10 +50,10 @@ def split_list(value: object) -> list[str]:
     return [v for v in re.split(r"[+| ]", str(value)) if v]
 
 
-def parse_methods(methods: object, budgets: object) -> list[MethodSpec]:
+def parse_methods(methods: object, budgets: object, max_budget: int = MAX_BUDGET) -> list[MethodSpec]:
     """Expand `methods` x `budgets` into specs; every bad item is named with the fix."""
     items = split_list(methods)
-    default_budgets = [as_int("budgets", b) for b in split_list(budgets)]
+    default_budgets = [b if b == "auto" else as_int("budgets", b) for b in split_list(budgets)]
     if default_budgets and not items:
         raise ValueError(f"budgets={budgets} given without a drafter-based method; add methods=spot (or spiffy)")
     specs: list[MethodSpec] = []
@@ -57,10 +61,16 @@ def parse_methods(methods: object, budgets: object) -> list[MethodSpec]:
         match = _ITEM.match(item)
         if match is None or match["name"] not in KNOWN:
             raise ValueError(f"unknown method {item!r}; choose from {', '.join(KNOWN)} as name[@budget][:path]")
-        budgets_here = [int(match["budget"])] if match["budget"] else default_budgets
+        budgets_here = [match["budget"] if match["budget"] == "auto" else int(match["budget"])] if match["budget"] else default_budgets
         if not budgets_here:
             raise ValueError(f"method {item!r} has no budget; write {match['name']}@8 or pass budgets=8+20")
         for budget in budgets_here:
+            if budget == "auto":
+                if match["name"] not in AUTO:
+                    raise ValueError(f"method {item!r}: budget auto needs calibrated reach probabilities, which "
+                                     f"{', '.join(AUTO)} have; give {match['name']} a fixed budget ({match['name']}@3)")
+                specs.append(MethodSpec(match["name"], max_budget, match["path"], auto=True))
+                continue
             if budget < 1:
                 raise ValueError(f"method {item!r}: budget must be >= 1, got {budget}")
             specs.append(MethodSpec(match["name"], budget, match["path"]))
@@ -111,8 +121,13 @@ def build_drafter(spec: MethodSpec, target, policy: str, reference=None) -> Draf
         from spot.drafters.spiffy import SpiffyDrafter
         from spot_eval.checkpoints.spiffy_graph import graph_for_target
 
-        # Spiffy's budget is D*, the nodes its online pruning keeps (the whole graph when larger).
-        return SpiffyDrafter(graph_for_target(target, policy, path), prune_to=spec.budget)
+        # Spiffy's budget is D*, the nodes its online pruning keeps (the whole graph when larger); with
+        # auto, the cap: the rule sizes the pruned graph by its calibration counts.
+        drafter = SpiffyDrafter(graph_for_target(target, policy, path), prune_to=spec.budget)
+        if spec.auto and drafter.mean_reach is None:
+            raise ValueError(f"{path} holds a hand-made graph without calibration counts, which spiffy@auto sizes by: "
+                             "calibrate one (spot-eval spiffy-calibrate) or use a fixed D* (spiffy@3)")
+        return drafter
     from spot.drafters.spot import SpotDrafter
     from spot_eval.checkpoints.drafter import load_checkpoint
     from spot_eval.checkpoints.fingerprint import check_fingerprint, target_fingerprint
@@ -124,4 +139,7 @@ def build_drafter(spec: MethodSpec, target, policy: str, reference=None) -> Draf
         if checkpoint.gamma is None:
             raise ValueError(f"{path} holds no fitted gamma; fit one with spot-eval fit-gamma before using spot_gamma")
         gamma = checkpoint.gamma if isinstance(checkpoint.gamma, (list, tuple)) else [checkpoint.gamma]
-    return SpotDrafter(checkpoint.model.to(target.device), gamma=gamma, name=spec.name)
+    if spec.auto and checkpoint.reach is None:
+        raise ValueError(f"{path} holds no reach calibration, which {spec.label} sizes its trees by: fit one with "
+                         f"spot-eval calibrate-reach --drafter {path} --trajectories DIR, or use a fixed budget")
+    return SpotDrafter(checkpoint.model.to(target.device), gamma=gamma, name=spec.name, reach=checkpoint.reach)

@@ -52,6 +52,7 @@ class RequestRecord:
                    "prompt_sha256": self.prompt_sha256, "label": m.label, **asdict(m)}
             row["tokens"] = len(m.token_ids)
             row["lossless"] = m.lossless
+            row["mean_tree_size"] = m.mean_tree_size
             out.append(row)
         return out
 
@@ -210,7 +211,7 @@ class Session:
                     run.log_metrics({
                         safe_name(prefix + k): float(row[k]) for k in (
                             "forward_ratio", "throughput_ratio", "tokens_per_forward", "lossless", "accepted_mean",
-                            "forwards", "seconds", "drafter_seconds", "tokens", "requests")
+                            "mean_tree_size", "forwards", "seconds", "drafter_seconds", "tokens", "requests")
                     })
                 lengths = [n for a in frame[frame.label == label].accepted_lengths for n in a]
                 if lengths:

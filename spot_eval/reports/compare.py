@@ -4,7 +4,8 @@ Rows are tasks; columns are the methods present (Spiffy, SPOT, SPOT-gamma first,
 one column per method and budget. A cell is the throughput ratio over draft-free decoding, mean
 over seeds ± std, with the best of its row in bold and a mark for losslessness (every request of
 the cell token-identical to draft-free, or the lossless fraction). A second table does the same
-for target-forward ratios. One pair of tables per temperature; the caption states the target,
+for target-forward ratios, and a third gives the mean tree size (draft nodes per verify forward), which
+budget=auto chooses step by step. One set of tables per temperature; the caption states the target,
 block length, generation length, budgets, temperature and seeds.
 """
 
@@ -30,13 +31,17 @@ class Comparison:
     caption: str
     throughput: pd.DataFrame  # display table: tasks x methods, strings
     forwards: pd.DataFrame
+    tree_sizes: pd.DataFrame
     numbers: pd.DataFrame  # long form: task, label, metric, mean, std, seeds, lossless
+
+
+AUTO_LAST = 10**9  # budget=auto's column after every fixed budget of its method
 
 
 def _column(label: str) -> tuple[int, int, str]:
     name, _, budget = label.partition("@")
     rank = METHOD_ORDER.index(name) if name in METHOD_ORDER else len(METHOD_ORDER)
-    return rank, int(budget or 0), label
+    return rank, AUTO_LAST if budget == "auto" else int(budget or 0), label
 
 
 def display_name(label: str) -> str:
@@ -51,11 +56,12 @@ def long_form(bundle: Bundle) -> pd.DataFrame:
     return per_seed.groupby(["temperature", "task", "label"], sort=True).agg(
         throughput_mean=("throughput_ratio", "mean"), throughput_std=("throughput_ratio", "std"),
         forward_mean=("forward_ratio", "mean"), forward_std=("forward_ratio", "std"),
+        tree_mean=("mean_tree_size", "mean"), tree_std=("mean_tree_size", "std"),
         lossless=("lossless", "mean"), seeds=("seed", "nunique"), requests=("requests", "sum"),
     ).reset_index()
 
 
-def _cells(numbers: pd.DataFrame, metric: str) -> pd.DataFrame:
+def _cells(numbers: pd.DataFrame, metric: str, best_bold: bool = True) -> pd.DataFrame:
     labels = sorted(numbers.label.unique(), key=_column)
     table = {}
     for task, rows in numbers.groupby("task", sort=True):
@@ -68,7 +74,7 @@ def _cells(numbers: pd.DataFrame, metric: str) -> pd.DataFrame:
                 continue
             r = rows.loc[label]
             text = f"{r[f'{metric}_mean']:.2f}" + (f" ± {r[f'{metric}_std']:.2f}" if r["seeds"] > 1 else "")
-            if r[f"{metric}_mean"] == best:
+            if best_bold and r[f"{metric}_mean"] == best:
                 text = f"**{text}**"
             mark = LOSSLESS if r["lossless"] == 1.0 else f"{LOSSY} {r['lossless']:.0%}"
             line[display_name(label)] = f"{text} {mark}"
@@ -91,7 +97,8 @@ def compare(bundle: Bundle) -> list[Comparison]:
                    f"T = {temperature:g}, seeds {', '.join(map(str, seeds))}; methods and budgets: {budgets}. "
                    f"Ratios over draft-free decoding of the same requests in the same process (mean ± std over seeds); "
                    f"best per task in bold; {LOSSLESS} = every output token-identical to draft-free.")
-        out.append(Comparison(float(temperature), caption, _cells(rows, "throughput"), _cells(rows, "forward"), rows))
+        out.append(Comparison(float(temperature), caption, _cells(rows, "throughput"), _cells(rows, "forward"),
+                              _cells(rows, "tree", best_bold=False), rows))
     return out
 
 
@@ -112,7 +119,8 @@ def write_comparison(bundle: Bundle, out_dir: str | Path) -> list[Path]:
         files += [csv, chart]
         sections.append(Section(
             f"T = {c.temperature:g}", c.caption,
-            tables=(("Throughput ratio over draft-free", c.throughput), ("Target-forward ratio over draft-free", c.forwards)),
+            tables=(("Throughput ratio over draft-free", c.throughput), ("Target-forward ratio over draft-free", c.forwards),
+                    ("Mean tree size (draft nodes per verify forward)", c.tree_sizes)),
             figures=(("throughput ratio per task and method (error bars: std over seeds)", chart),),
         ))
     report = Report("SPOT vs Spiffy", "Table 2 layout of the SPOT paper (arXiv 2610.22543), measured by spot-eval.", sections)

@@ -25,7 +25,8 @@ import pandas as pd
 FORMAT = "spot-eval-results/1"
 SAMPLE_FIELDS = (
     "task", "doc_id", "repeat", "request", "label", "method", "budget", "tokens", "forwards", "steps",
-    "seconds", "target_seconds", "drafter_seconds", "accepted_lengths", "lossless", "divergence",
+    "seconds", "target_seconds", "drafter_seconds", "accepted_lengths", "lossless", "divergence", "draft_nodes",
+    "mean_tree_size",
 )
 SETTINGS = ("target", "block_length", "gen_length")  # must agree for runs to share a table
 
@@ -203,12 +204,17 @@ def summarize(samples: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     """
     if samples.empty:
         return samples
-    df = samples.assign(accepted_mean=samples["accepted_lengths"].map(lambda a: sum(a) / max(len(a), 1)))
+    df = samples.assign(accepted_mean=samples["accepted_lengths"].map(lambda a: sum(a) / max(len(a), 1)),
+                        verifies=samples["accepted_lengths"].map(len))
+    if "draft_nodes" not in df.columns:  # runs written before budget=auto recorded no tree sizes
+        df["draft_nodes"] = float("nan")
     grouped = df.groupby([*keys, "label"], sort=False).agg(
         requests=("forwards", "size"), tokens=("tokens", "sum"), forwards=("forwards", "sum"),
         seconds=("seconds", "sum"), drafter_seconds=("drafter_seconds", "sum"),
         lossless=("lossless", "mean"), accepted_mean=("accepted_mean", "mean"),
+        draft_nodes=("draft_nodes", lambda x: x.sum(min_count=1)), verifies=("verifies", "sum"),
     ).reset_index()
+    grouped["mean_tree_size"] = grouped.pop("draft_nodes") / grouped.pop("verifies").clip(lower=1)
     base = grouped[grouped["label"] == "draft_free"].set_index(keys)
     index = pd.MultiIndex.from_frame(grouped[keys]) if len(keys) > 1 else grouped[keys[0]]
     grouped["forward_ratio"] = base["forwards"].reindex(index).to_numpy() / grouped["forwards"]

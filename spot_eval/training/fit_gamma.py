@@ -15,14 +15,17 @@ from spot_eval.checkpoints.fingerprint import fingerprint_mismatch
 from spot_eval.training.trajectories import read_blocks, read_manifest
 
 
-def heldout_blocks(checkpoint: DrafterCheckpoint, trajectories: Sequence[str | Path]) -> list[RecordedBlock]:
-    """The blocks of the requests the drafter's training held out (its recorded split) in `trajectories`."""
+def heldout_blocks(checkpoint: DrafterCheckpoint, trajectories: Sequence[str | Path], every: bool = False) -> list[RecordedBlock]:
+    """The blocks of the requests the drafter's training held out (its recorded split) in `trajectories`;
+    with `every`, all their blocks (trajectories the drafter was not trained on)."""
     policy = checkpoint.fingerprint.get("policy", "single")
     for directory in trajectories:
         differences = fingerprint_mismatch(checkpoint.fingerprint, read_manifest(directory).fingerprint)
         if differences:
             raise ValueError(f"{directory} was recorded for another target than {checkpoint.path}: {'; '.join(differences)}")
     blocks = [b for directory in trajectories for b in read_blocks(directory, policy=policy)]
+    if every:
+        return blocks
     split = checkpoint.metrics.get("config", {})
     return split_by_request(blocks, split.get("heldout_fraction", 0.1), split.get("seed", 0))[1]
 
@@ -43,5 +46,5 @@ def fit_gamma_command(
         "grid": [list(row) for row in fit.grid],
     }
     save_checkpoint(out or drafter, checkpoint.model, checkpoint.fingerprint,
-                    {**checkpoint.metrics, "gamma_fit": report}, gamma=list(fit.gamma))
+                    {**checkpoint.metrics, "gamma_fit": report}, gamma=list(fit.gamma), reach=checkpoint.reach)
     return report

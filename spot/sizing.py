@@ -1,0 +1,104 @@
+"""budget=auto: size each draft tree by what a verify costs on this device [project design].
+
+A verify forward with P pieces and L positions of context costs c(P, L) seconds (`VerifyCost`,
+measured on the device by `spot.cost`); drafting a tree of n nodes costs d(n) seconds. The walk
+reaches a drafted node i with probability r_i (calibrated, `spot.drafters.reach`), and every
+reached node is one more step beside the free step, so a tree of nodes 1..n advances
+1 + r_1 + ... + r_n steps in expectation. The rule maximises expected steps per second, in two
+decisions per step:
+
+1. How large a tree to draft? Before drafting, only the drafter's mean reach by best-first rank
+   (m_i, measured on held-out trajectories) is known: draft n nodes for the n that maximises
+   (1 + m_1 + ... + m_n) / (c(n + 1, L) + d(n)), n = 0 (no draft, d(0) = 0) included.
+2. How many of them to verify? Once drafted, the drafter's time is spent: verify the best-first
+   prefix of n nodes, n = 0 included, that maximises (1 + r_1 + ... + r_n) / c(n + 1, L).
+
+Verification is unchanged, so whatever size is chosen the output is the draft-free one.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class VerifyCost:
+    """c(P, L): the median seconds of one verify forward with P pieces and L positions of context.
+
+    pieces: ascending, from 1. contexts: ascending. seconds[i][j]: at contexts[i] with pieces[j].
+    Between the measured points c is linear in P and in L; below the shortest context it is the
+    shortest's; beyond the largest P or L it continues the last segment's slope.
+    """
+
+    pieces: tuple[int, ...]
+    contexts: tuple[int, ...]
+    seconds: tuple[tuple[float, ...], ...]
+
+    def __post_init__(self) -> None:
+        if not self.pieces or self.pieces[0] != 1 or list(self.pieces) != sorted(set(self.pieces)):
+            raise ValueError(f"pieces must ascend from 1 without repeats, got {self.pieces}")
+        if not self.contexts or list(self.contexts) != sorted(set(self.contexts)):
+            raise ValueError(f"contexts must ascend without repeats, got {self.contexts}")
+        if len(self.seconds) != len(self.contexts) or any(len(row) != len(self.pieces) for row in self.seconds):
+            raise ValueError(f"seconds must be [contexts][pieces] = [{len(self.contexts)}][{len(self.pieces)}]")
+        if not all(s > 0 for row in self.seconds for s in row):
+            raise ValueError("every measured verify time must be positive")
+
+    def __call__(self, pieces: int, context: int) -> float:
+        row = [_linear(self.pieces, r, pieces) for r in self.seconds]
+        return _linear(self.contexts, row, context)
+
+
+def _linear(xs: Sequence[int], ys: Sequence[float], x: float) -> float:
+    """Piecewise-linear through (xs, ys); below the range the first y, above it the last segment's
+    slope continued, never below the last y (a cost does not fall with more work)."""
+    if x <= xs[0] or len(xs) == 1:
+        return ys[0]
+    i = min(bisect.bisect_right(xs, x) - 1, len(xs) - 2)
+    y = ys[i] + (ys[i + 1] - ys[i]) * (x - xs[i]) / (xs[i + 1] - xs[i])
+    return max(y, ys[-1]) if x > xs[-1] else y
+
+
+@dataclass(frozen=True)
+class Sizing:
+    """What budget=auto decides with: the device's verify cost, the drafter's seconds per tree as
+    measured at a few budgets (drafter[j] = (budget, seconds), budgets ascending; linear between
+    them, constant beyond), and the drafter's mean reach by best-first rank (mean_reach[i]: node i + 1's)."""
+
+    verify: VerifyCost
+    drafter: tuple[tuple[int, float], ...]
+    mean_reach: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        budgets = [b for b, _ in self.drafter]
+        if not budgets or budgets != sorted(set(budgets)) or budgets[0] < 1:
+            raise ValueError(f"the drafter's cost needs ascending budgets >= 1, got {budgets}")
+
+    def drafter_seconds(self, n: int) -> float:
+        if n <= 0:
+            return 0.0
+        budgets, seconds = [b for b, _ in self.drafter], [s for _, s in self.drafter]
+        return seconds[-1] if n >= budgets[-1] else _linear(budgets, seconds, n)
+
+    def draft_budget(self, context: int, cap: int) -> int:
+        """Decision 1: how many nodes to draft (0: none), counting the drafter's time."""
+        return best_size(self.mean_reach[:cap], lambda p: self.verify(p, context), self.drafter_seconds)
+
+    def size(self, reach: Sequence[float], context: int) -> int:
+        """Decision 2: how many of the drafted nodes (best first, reach[i] node i + 1's) to verify."""
+        return best_size(reach, lambda p: self.verify(p, context), lambda n: 0.0)
+
+
+def best_size(reach: Sequence[float], verify_seconds, drafter_seconds) -> int:
+    """argmax over n in 0..len(reach) of (1 + reach[0] + ... + reach[n - 1]) / (verify_seconds(n + 1) +
+    drafter_seconds(n)), drafter_seconds(0) taken as 0; ties go to the smaller tree."""
+    best_n, best = 0, 1.0 / verify_seconds(1)
+    steps = 1.0
+    for n, r in enumerate(reach, start=1):
+        steps += r
+        value = steps / (verify_seconds(n + 1) + drafter_seconds(n))
+        if value > best:
+            best_n, best = n, value
+    return best_n

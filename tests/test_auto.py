@@ -1,0 +1,187 @@
+"""budget=auto through the harness: the cached verify-cost profile, the reach calibration in the drafter
+checkpoint, `spot@auto` in methods, and `spot-eval decode --budget auto` / `spot-eval profile`."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import tiny_qwen3, write_checkpoint
+from mlflow import MlflowClient
+
+from spot.cost import measure_verify, probe_contexts
+from spot.drafters.order_model import OrderModel
+from spot.drafters.reach import ReachCalibration, ReachMap
+from spot_eval.checkpoints.drafter import load_checkpoint, save_checkpoint
+from spot_eval.checkpoints.fingerprint import target_fingerprint
+from spot_eval.checkpoints.target import load_target
+from spot_eval.harness import profile as profile_module
+from spot_eval.harness.methods import MethodSpec, build_drafter, parse_methods
+from spot_eval.harness.profile import Profile, profile_key, verify_profile
+
+REPO = Path(__file__).resolve().parent.parent
+REACH = ReachCalibration((1, 2), (ReachMap((-1.0, 0.0), (0.4, 0.9)), ReachMap((-3.0, 0.0), (0.05, 0.5))), (0.8, 0.5, 0.3))
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    calls = []
+
+    def counted(*args, **kwargs):
+        calls.append(args)
+        return measure_verify(*args, **kwargs, repeats=1)
+
+    monkeypatch.setattr(profile_module, "measure_verify", counted)
+    return calls
+
+
+def test_the_probe_measures_a_bounded_grid(tmp_path):
+    target = load_target(write_checkpoint(tmp_path / "ckpt"), None)
+    contexts = probe_contexts(target)
+    assert contexts[0] == target.block_length and contexts[-1] % target.block_length == 0
+    cost = measure_verify(target, contexts, pieces=(1, 2, 5), repeats=1)
+    assert cost.pieces == (1, 2, 5) and len(cost.seconds) == len(contexts)
+    assert cost(3, contexts[0]) > 0
+
+
+@pytest.mark.filterwarnings("ignore:decode block length 8 differs")
+def test_the_profile_is_measured_once_then_read_back_until_the_target_changes(tmp_path, cache, caplog):
+    path = write_checkpoint(tmp_path / "ckpt")
+    target = load_target(path, None)
+    with caplog.at_level(logging.WARNING, "spot_eval"):
+        first = verify_profile(target)
+    assert len(cache) == 1 and "measuring the verify cost" in caplog.text  # the one-line notice
+    again = verify_profile(load_target(path, None))
+    assert len(cache) == 1 and again == first  # read back: same key, same numbers
+    assert Profile.from_dict(json.loads(json.dumps(first.to_dict()))) == first
+    # Another dtype, layout or block length is another key: measured anew.
+    for other in (load_target(path, None, dtype=torch.bfloat16), load_target(path, None, exact=True), load_target(path, 8)):
+        assert profile_key(other) != first.key
+        verify_profile(other)
+    assert len(cache) == 4
+    # Another device is another key: on a CPU the thread count is part of the device.
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads + 1)
+        assert profile_key(target).device != first.key.device
+    finally:
+        torch.set_num_threads(threads)
+    # Other weights (a retrained target) are another key too.
+    retrained = write_checkpoint(tmp_path / "other", model=tiny_qwen3(seed=1))
+    assert profile_key(load_target(retrained, None)).target != first.key.target
+
+
+def test_a_damaged_profile_is_measured_again(tmp_path, cache, caplog):
+    target = load_target(write_checkpoint(tmp_path / "ckpt"), None)
+    verify_profile(target)
+    (file,) = (tmp_path / "cache" / "spot-eval" / "profiles").iterdir()
+    file.write_text("{not json")
+    with caplog.at_level(logging.WARNING, "spot_eval"):
+        verify_profile(target)
+    assert len(cache) == 2 and "unreadable" in caplog.text
+    assert Profile.from_dict(json.loads(file.read_text())).key == profile_key(target)
+
+
+def test_the_reach_calibration_rides_in_the_drafter_checkpoint(tmp_path):
+    path = tmp_path / "d.pt"
+    save_checkpoint(path, OrderModel(), {"model": "m", "tokenizer_sha256": "t", "weights_digest": "w", "block_length": 16,
+                                         "policy": "single"}, {}, reach=REACH)
+    assert load_checkpoint(path).reach == REACH
+    raw = torch.load(path, weights_only=True)
+    raw["reach"] = {"ranks": [1], "maps": [{"scores": [0.0]}]}
+    torch.save(raw, path)
+    with pytest.raises(ValueError, match="reach calibration is malformed"):
+        load_checkpoint(path)
+
+
+@pytest.mark.parametrize(
+    ("methods", "budgets", "specs"),
+    [
+        ("spot@auto", "", [MethodSpec("spot", 20, None, auto=True)]),
+        ("spot+spiffy@3", "8+auto", [MethodSpec("spot", 8), MethodSpec("spot", 20, None, auto=True), MethodSpec("spiffy", 3)]),
+        ("spot_gamma@auto:x.pt", "", [MethodSpec("spot_gamma", 20, "x.pt", auto=True)]),
+    ],
+)
+def test_auto_methods_parse(methods, budgets, specs):
+    assert parse_methods(methods, budgets) == specs
+    assert [s.label for s in specs if s.auto] == [f"{s.name}@auto" for s in specs if s.auto]
+
+
+def test_auto_is_refused_for_a_drafter_without_reach(tmp_path):
+    with pytest.raises(ValueError, match="random@auto.*budget auto needs calibrated reach.*random@3"):
+        parse_methods("random@auto", "")
+    assert parse_methods("spot@auto", "", max_budget=5)[0].budget == 5
+    assert parse_methods("spiffy@auto", "") == [MethodSpec("spiffy", 20, None, auto=True)]
+    # A drafter checkpoint without a calibration, and a hand-made Spiffy graph without counts.
+    target = load_target(write_checkpoint(tmp_path / "ckpt"), None)
+    bare = tmp_path / "bare.pt"
+    save_checkpoint(bare, OrderModel(), target_fingerprint(target, "single"), {})
+    with pytest.raises(ValueError, match="holds no reach calibration.*calibrate-reach"):
+        build_drafter(MethodSpec("spot", 20, str(bare), auto=True), target, "single")
+    graph = tmp_path / "graph.json"
+    graph.write_text(json.dumps({"format": "spiffy-graph/1", "target": target_fingerprint(target, "single"),
+                                 "block_length": 16, "nodes": [{"id": 0, "commits": [], "parents": []},
+                                                               {"id": 1, "commits": [[0, 0]], "parents": [0]}],
+                                 "declared_nodes": 1}))
+    with pytest.raises(ValueError, match="hand-made graph without calibration counts"):
+        build_drafter(MethodSpec("spiffy", 20, str(graph), auto=True), target, "single")
+
+
+def test_decode_budget_auto_and_the_profile_command(tmp_path):
+    """The shipped block-32 drafter carries a calibration; decode sizes each tree from this machine's profile."""
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1"}
+    cli = [sys.executable, "-m", "spot_eval.cli"]
+    shown = subprocess.run([*cli, "profile", "--threads", "1"], capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
+    assert shown.returncode == 0, shown.stderr
+    profile = json.loads(shown.stdout)
+    assert profile["key"]["block_length"] == 32 and profile["verify"]["pieces"][0] == 1 and Path(profile["file"]).is_file()
+    assert "measuring the verify cost" in shown.stderr
+    run = subprocess.run([*cli, "decode", "--method", "spot", "--budget", "auto", "--prompt", "What is 2 + 3?", "--chat",
+                          "--gen-length", "64", "--json", "--threads", "1"], capture_output=True, text=True, env=env, cwd=REPO,
+                         timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert "measuring" not in run.stderr  # the cached profile
+    result = json.loads(run.stdout)
+    assert result["budget"] == "auto" and result["max_budget"] == 20 and 0 <= result["mean_tree_size"] <= 20
+    reference = subprocess.run([*cli, "decode", "--prompt", "What is 2 + 3?", "--chat", "--gen-length", "64", "--json",
+                                "--threads", "1"], capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
+    assert json.loads(reference.stdout)["token_ids"] == result["token_ids"]
+    bad = subprocess.run([*cli, "decode", "--method", "random", "--budget", "auto", "--prompt", "x"], capture_output=True,
+                         text=True, env=env, cwd=REPO, timeout=300)
+    assert bad.returncode == 2 and "--budget auto needs a drafter with calibrated reach" in bad.stderr
+
+
+def test_lm_eval_runs_spot_at_auto(tmp_path):
+    """The real console script: spot@auto is lossless, its tree sizes and the profile are recorded, and
+    MLflow holds them."""
+    checkpoint = write_checkpoint(tmp_path / "ckpt")
+    drafter = tmp_path / "spot.pt"
+    torch.manual_seed(0)
+    save_checkpoint(drafter, OrderModel(), target_fingerprint(load_target(checkpoint, None), "single"), {},
+                    reach=ReachCalibration((1,), (ReachMap((-2.0, 0.0), (0.3, 0.95)),), (0.9, 0.8, 0.7, 0.6)))
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    lm_eval = Path(sys.executable).parent / "lm_eval"
+    args = f"pretrained={checkpoint},methods=spot@auto:{drafter},max_budget=6,gen_length=32,device=cpu,output_dir={tmp_path / 'run'}"
+    run = subprocess.run([str(lm_eval), "--model", "spot", "--model_args", args, "--tasks", "spot_gsm8k", "--include_path",
+                          str(REPO / "tasks"), "--limit", "2"], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stderr.count("measuring the verify cost") == 1
+    samples = [json.loads(line) for line in (tmp_path / "run" / "samples.jsonl").open()]
+    auto = [s for s in samples if s["label"] == "spot@auto"]
+    assert len(auto) == 2 and all(s["lossless"] and s["auto"] and s["budget"] == 6 for s in auto)
+    assert all(0 <= s["mean_tree_size"] <= 6 and s["mean_tree_size"] == s["draft_nodes"] / len(s["accepted_lengths"]) for s in auto)
+    run_json = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert run_json["profile"]["key"]["block_length"] == 16 and min(run_json["profile"]["drafter_seconds"]["spot@auto"].values()) > 0
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    [parent] = client.search_runs([client.get_experiment_by_name("spot-eval").experiment_id], "tags.mlflow.runName = 'spot-eval'")
+    assert parent.data.params["profile/key/dtype"] == "float32"
+    children = client.search_runs([parent.info.experiment_id], f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
+    metrics = {c.info.run_name: c.data.metrics for c in children}["spot@auto"]
+    assert 0 <= metrics["spot_gsm8k/mean_tree_size"] <= 6

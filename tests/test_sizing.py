@@ -1,0 +1,156 @@
+"""budget=auto: the cost curve, the tree-size rule with literal curves and reach probabilities, the
+reach calibration with literal data, and the engine's use of both (losslessness is in test_engine's grid)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pytest
+import torch
+from conftest import VOCAB, tiny_target
+from test_engine import FLAT, STEEP, Reaching, prompt_ids
+
+from spot import DecodeConfig, Sampling, generate
+from spot.drafters import OracleDrafter, RandomDrafter
+from spot.drafters.reach import ReachCalibration, ReachMap, ReplayedTree, fit_reach, isotonic, with_table
+from spot.sizing import Sizing, VerifyCost, best_size
+from spot.tree import DraftTree
+
+CURVE = VerifyCost(pieces=(1, 2, 5), contexts=(32, 288), seconds=((1.0, 1.5, 3.0), (2.0, 2.5, 5.0)))
+
+
+@pytest.mark.parametrize(
+    ("pieces", "context", "seconds"),
+    [
+        (1, 32, 1.0), (2, 32, 1.5), (5, 288, 5.0),  # measured points
+        (3, 32, 2.0), (2, 160, 2.0),  # linear between them
+        (9, 32, 5.0), (1, 544, 3.0),  # beyond: the last segment's slope continues
+        (1, 0, 1.0), (2, 16, 1.5),  # below the shortest context: the shortest's cost
+    ],
+)
+def test_the_verify_cost_interpolates_the_measured_grid(pieces, context, seconds):
+    assert CURVE(pieces, context) == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        (dict(pieces=(2, 3)), "ascend from 1"),
+        (dict(contexts=(288, 32)), "contexts must ascend"),
+        (dict(seconds=((1.0, 1.5, 3.0),)), r"\[contexts\]\[pieces\]"),
+        (dict(seconds=((1.0, 0.0, 3.0), (2.0, 2.5, 5.0))), "positive"),
+    ],
+)
+def test_a_malformed_cost_curve_is_refused(fields, message):
+    with pytest.raises(ValueError, match=message):
+        replace(CURVE, **fields)
+
+
+def test_a_flat_curve_grows_to_the_cap_and_a_steep_one_stops_at_zero_or_one():
+    reach = [0.9, 0.8, 0.6, 0.5, 0.2, 0.1]
+    free = lambda n: 0.0  # noqa: E731
+    assert best_size(reach, lambda p: 1.0, free) == 6  # every node adds expected steps at no cost
+    assert best_size(reach, lambda p: 1.0 + 0.01 * (p - 1), free) == 6
+    assert best_size(reach, lambda p: float(p), free) == 0  # c(P) = P: a node never repays its piece
+    # c(P) = 1 + 0.8 (P - 1): the first node pays (1.9 / 1.8 > 1), the second does not (2.7 / 2.6 < 1.9 / 1.8).
+    assert best_size(reach, lambda p: 1.0 + 0.8 * (p - 1), free) == 1
+    assert best_size([], lambda p: 1.0, free) == 0
+    # A drafter whose trees cost a whole forward more from the third node on: two nodes, not six.
+    assert best_size(reach, lambda p: 1.0, lambda n: 1.0 * (n >= 3)) == 2
+
+
+def test_the_drafters_time_counts_before_drafting_and_not_after():
+    sizing = Sizing(VerifyCost((1, 2, 3), (0,), ((1.0, 1.2, 1.4),)), drafter=((1, 0.5),), mean_reach=(0.6, 0.2))
+    # Before: (1 + 0.6) / (1.2 + 0.5) < 1 and (1 + 0.6 + 0.2) / (1.4 + 0.5) < 1.
+    assert sizing.draft_budget(context=0, cap=2) == 0
+    # After drafting its time is spent: the same reach pays for a node (1.6 / 1.2 > 1, and > 1.8 / 1.4).
+    assert sizing.size([0.6, 0.2], context=0) == 1
+    cheap = replace(sizing, drafter=((1, 0.05), (2, 0.05)))
+    assert cheap.draft_budget(context=0, cap=2) == 1 and cheap.draft_budget(context=0, cap=0) == 0
+    # The drafter's cost between and beyond its measured budgets.
+    costs = Sizing(sizing.verify, ((1, 0.1), (5, 0.5)), ())
+    assert [costs.drafter_seconds(n) for n in (0, 1, 3, 5, 20)] == pytest.approx([0.0, 0.1, 0.3, 0.5, 0.5])
+    with pytest.raises(ValueError, match="ascending budgets"):
+        Sizing(sizing.verify, ((4, 0.1), (2, 0.2)), ())
+
+
+def test_prefix_keeps_the_first_nodes_with_their_scores_and_reach():
+    tree = DraftTree(torch.tensor([[9, 9], [1, 9], [1, 2], [3, 9]]), ((), (0,), (1,), (0,)), (0.0, -0.1, -0.5, -2.0),
+                     (1.0, 0.9, 0.6, 0.1))
+    cut = tree.prefix(2)
+    assert cut.size == 2 and cut.parents == ((), (0,), (1,)) and cut.reach == (1.0, 0.9, 0.6) and cut.scores == (0.0, -0.1, -0.5)
+    assert tree.prefix(0).size == 0
+    with pytest.raises(ValueError, match="one reach value per node"):
+        DraftTree(tree.states, tree.parents, reach=(1.0,))
+
+
+def test_the_calibration_fit_recovers_a_known_map():
+    """Nodes drawn with P(reach) = sigmoid(2 * score + 1) whatever their rank: every rank group's map
+    finds it, the table (measured on trees the fit did not see) agrees, and the mean reach by rank is
+    counted over trees."""
+    generator = torch.Generator().manual_seed(0)
+    trees = []
+    for _ in range(2000):
+        scores = sorted((-3 * torch.rand(5, generator=generator)).tolist(), reverse=True)
+        reached = tuple(bool(torch.rand(1, generator=generator) < 1 / (1 + math.exp(-(2 * s + 1)))) for s in scores)
+        trees.append(ReplayedTree(tuple(scores), reached))
+    fit = with_table(fit_reach(trees[::2]), trees[1::2])
+    assert fit.ranks == (1, 2, 4) and len(fit.maps) == 3
+    for reach_map in fit.maps:  # each within the scores its ranks take (rank 1 the highest of five, ranks 4-5 the lowest)
+        assert list(reach_map.reach) == sorted(reach_map.reach)
+        low, high = reach_map.scores[2], reach_map.scores[-3]
+        for score in (low, (low + high) / 2, high):
+            assert reach_map(score) == pytest.approx(1 / (1 + math.exp(-(2 * score + 1))), abs=0.12)
+    assert fit.error < 0.05 and sum(b.count for b in fit.bins) == 5000
+    assert fit.mean_reach[0] == pytest.approx(sum(t.reached[0] for t in trees[::2]) / 1000)
+
+
+def test_the_calibration_with_literal_outcomes():
+    """A tree's first node (score 0) always reached; its second (score -1) half of the time: each rank
+    group gets its own map, and deeper ranks without nodes reuse the last one."""
+    trees = [ReplayedTree((0.0, -1.0), (True, True)), ReplayedTree((0.0, -1.0), (True, False))]
+    fit = with_table(fit_reach(trees), trees, n_bins=4)
+    assert fit.maps[0] == ReachMap((0.0,), (1.0,)) and fit.maps[1] == fit.maps[2] == ReachMap((-1.0,), (0.5,))
+    assert fit((-1.0, -1.0, 0.0, -9.0)) == (1.0, 0.5, 0.5, 0.5)  # by rank: the first node's map, then the others'
+    assert fit.mean_reach == (1.0, 0.5) and sum(b.count for b in fit.bins) == 4 and fit.error == 0.0
+    assert ReachCalibration.from_dict(fit.to_dict()) == fit
+    assert ReplayedTree((0.0, -1.0), (True, False)).steps == 2
+    two = ReachMap((-1.0, 0.0), (0.5, 1.0))
+    assert [two(x) for x in (-2.0, -1.0, -0.5, 0.0, 3.0)] == [0.5, 0.5, 0.75, 1.0, 1.0]
+    assert isotonic([1.0, 3.0, 2.0, 4.0], [1, 1, 1, 1]) == [1.0, 2.5, 2.5, 4.0]
+    assert isotonic([2.0, 1.0], [3, 1]) == [1.75, 1.75]
+    with pytest.raises(ValueError, match="no drafted nodes"):
+        fit_reach([ReplayedTree((), ())])
+    with pytest.raises(ValueError, match="ascending scores"):
+        ReachMap((0.0, -1.0), (0.5, 0.6))
+    with pytest.raises(ValueError, match="one map per rank group"):
+        ReachCalibration((2,), (two,), ())
+
+
+def test_auto_grows_to_the_cap_on_a_flat_curve_and_never_drafts_on_a_steep_one():
+    target = tiny_target(16, seed=2, eos_ids=frozenset())
+    config = DecodeConfig(block_length=16, gen_length=40, sampling=Sampling(1.0), seed=1)
+    prompt = prompt_ids(3, 10)
+    reference = generate(target, prompt, config, record=True)
+    oracle = OracleDrafter(reference.trajectory)
+    sure = Sizing(FLAT, ((1, 0.0),), (1.0,) * 20)
+
+    class Certain(Reaching):
+        def draft(self, ctx):
+            tree = self.drafter.draft(ctx)
+            return replace(tree, reach=(1.0,) * (tree.size + 1))
+
+    big = generate(target, prompt, replace(config, budget=6), drafter=Certain(oracle, 0), sizing=sure)
+    fixed = generate(target, prompt, replace(config, budget=6), drafter=oracle)
+    assert big.token_ids == reference.token_ids and big.stats.accepted_lengths == fixed.stats.accepted_lengths
+    never = generate(target, prompt, replace(config, budget=20), drafter=Reaching(oracle, 0), sizing=Sizing(STEEP, ((1, 0.5),), (0.5,)))
+    assert never.token_ids == reference.token_ids
+    assert never.stats.draft_nodes == 0 and never.stats.forwards == reference.stats.forwards
+
+
+def test_auto_needs_a_drafter_that_knows_its_reach():
+    target = tiny_target(16, seed=2, eos_ids=frozenset())
+    config = DecodeConfig(block_length=16, gen_length=40, budget=4)
+    with pytest.raises(ValueError, match="budget=auto needs reach probabilities.*calibrate-reach"):
+        generate(target, prompt_ids(3, 10), config, drafter=RandomDrafter(VOCAB, seed=1), sizing=Sizing(FLAT, ((1, 0.0),), (1.0,)))
