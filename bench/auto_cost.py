@@ -26,7 +26,7 @@ import time
 import torch
 
 from spot import DecodeConfig
-from spot.cost import measure_drafter
+from spot.cost import measure_drafter, probe_prefix
 from spot.drafters.order_model import features, predict
 from spot.drafters.reach import replay
 from spot.policy import topk_logprobs
@@ -41,7 +41,7 @@ from spot_eval.training.trajectories import read_blocks
 def order_model_seconds(drafter, target, repeats: int = 20) -> float:
     """The median seconds of the order model's forward alone on one root (what a tree costs at least)."""
     k = target.block_length
-    target.start(torch.arange(k) % (target.vocab_size - 2))
+    target.start(probe_prefix(target, k))
     root = torch.full((k,), target.mask_id, dtype=torch.long)
     stale = target.verify(root[None], k)[0]  # [K, V]
     lp, ids = topk_logprobs(stale, drafter.model.config.topk, target.mask_id)

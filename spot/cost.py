@@ -32,7 +32,7 @@ def probe_contexts(target: Target, gen_length: int = 256) -> tuple[int, ...]:
     return tuple(sorted({k, max(far, k)}))
 
 
-def _probe_prefix(target: Target, context: int) -> torch.Tensor:
+def probe_prefix(target: Target, context: int) -> torch.Tensor:
     """[context] a fixed prefix of ordinary tokens (never the mask): the timing does not depend on the
     values, only on the shapes."""
     ids = torch.arange(context, dtype=torch.long) % max(target.vocab_size - 1, 1)
@@ -59,7 +59,7 @@ def measure_verify(
     rounds = 0
     while rounds < repeats or (rounds < max_rounds and time.perf_counter() - started < time_limit):
         for context in contexts:
-            target.start(_probe_prefix(target, context))
+            target.start(probe_prefix(target, context))
             target.verify(state[None], context)  # builds the prefix cache (and warms up)
             for p in fits:
                 t = time.perf_counter()
@@ -74,7 +74,7 @@ def measure_drafter(drafter: Drafter, target: Target, config: DecodeConfig, repe
     """The median seconds of one `drafter.draft` at `config.budget`, on a probe state of the first
     block after one block of context, a step into the block (so there are stale logits to read)."""
     k = target.block_length
-    target.start(_probe_prefix(target, k))
+    target.start(probe_prefix(target, k))
     root = torch.full((k,), target.mask_id, dtype=torch.long)
     stale = target.verify(root[None], k)[0]  # [K, V]
     state = root.clone()

@@ -135,11 +135,11 @@ def generate(
             f"a {n_prompt}-token prompt plus gen_length {config.gen_length} needs {n_positions} positions "
             f"(whole blocks of {k}); the model has {target.max_positions}. Shorten the prompt or gen_length."
         )
-    if config.budget > 0 and sizing is not None:
-        config = replace(config, budget=min(config.budget, max(target.max_pieces(n_positions) - 1, 0)))  # the cap fits
     if config.budget > 0:
         room = target.max_pieces(n_positions)
-        if config.budget + 1 > room:
+        if sizing is not None:  # budget=auto: the cap shrinks to what fits
+            config = replace(config, budget=min(config.budget, max(room - 1, 0)))
+        elif config.budget + 1 > room:
             raise ValueError(
                 f"budget {config.budget} needs {config.budget + 1} pieces of {k} positions in one verify forward; "
                 f"with {n_positions} positions of context the free device memory holds about {room} now. "
@@ -223,10 +223,12 @@ def _decode_block(target, state, start, block, lo, hi, config, drafter, request,
         return noise[step]
 
     states, stale, stale_state, prior, nodes = [state], None, None, None, 0
+    # budget=auto's tree size before drafting depends on the context only: one decision per block.
+    sized = config.budget if sizing is None else sizing.draft_budget(start, config.budget)
     while not finished(state, lo, hi, mask_id, eos):
         step = len(states) - 1
         tree = DraftTree.root_only(state)
-        budget = config.budget if sizing is None or stale is None else sizing.draft_budget(start, config.budget)
+        budget = config.budget if stale is None else sized
         if budget > 0:
             t = time.perf_counter()
             ctx = DraftContext(state, stale, stale_state, prior, config, mask_id, request, block, step, budget, step_noise)

@@ -418,8 +418,12 @@ class SpiffyDrafter:
         self.graph = graph
         self.prune_to = prune_to
         self.topk = max(topk, graph.max_token_rank + 1)
-        reach = graph.reach
-        self.mean_reach = reach[1:] if reach else None  # budget=auto's expectation, in graph order
+        self._reach = graph.reach  # per graph node; computed once, read by every tree
+
+    @property
+    def mean_reach(self) -> tuple[float, ...] | None:
+        """budget=auto's expectation before drafting: each graph node's reach, in graph order."""
+        return None if self._reach is None else self._reach[1:]
 
     def draft(self, ctx: DraftContext) -> DraftTree:
         if ctx.state.shape[0] != self.graph.block_length or ctx.config.policy != self.graph.policy:
@@ -443,5 +447,5 @@ class SpiffyDrafter:
             rows = [0, *prune(drafts.parents, drafts.local, keep)]
         new = {old: i for i, old in enumerate(rows)}
         parents = tuple(tuple(new[p] for p in drafts.parents[r] if p in new) for r in rows)
-        reach = self.graph.reach
-        return DraftTree(drafts.states[rows], parents, reach=None if reach is None else tuple(reach[drafts.nodes[r]] for r in rows))
+        reach = None if self._reach is None else tuple(self._reach[drafts.nodes[r]] for r in rows)
+        return DraftTree(drafts.states[rows], parents, reach=reach)

@@ -64,9 +64,13 @@ class SpotDrafter:
         self.gate = gate
         self.gamma = tuple(gamma) if gamma else None
         self.reach = reach
-        self.mean_reach = None if reach is None else reach.mean_reach  # budget=auto's expectation before drafting
         self.name = name
         self.model_depth = model_depth
+
+    @property
+    def mean_reach(self) -> tuple[float, ...] | None:
+        """budget=auto's expectation before drafting: the calibration's mean reach by best-first rank."""
+        return None if self.reach is None else self.reach.mean_reach
 
     @torch.inference_mode()
     def draft(self, ctx: DraftContext) -> DraftTree:
