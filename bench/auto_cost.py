@@ -1,10 +1,11 @@
 """What budget=auto weighs on this machine: the verify-cost curve c(P, L), the drafter's seconds per
-tree (the order-model call alone, and whole trees of budget 1, 8 and 20), the reach calibration of
-the shipped drafter, and the tree size the rule picks at the drafter's mean reach.
+tree (the order-model call alone, and whole trees of budget 1, 8 and 20 in each mode: the order
+model's and the stale-confidence order's), the reach calibrations of the shipped drafter, and the
+mode and tree size the rule picks at the drafter's mean reach.
 
 With --trajectories (draft-free trajectories of the target, `spot-eval collect`), it also bounds what
 any sizing could give here: SPOT's budget-20 walk is replayed over the recorded blocks, and each
-forward is costed with this machine's c(P, L) and drafter time as a sizing that knew the outcome
+forward is costed with this machine's c(P, L) and drafter time (per mode: the walk differs) as a sizing that knew the outcome
 would have chosen it: `perfect_set` verifies exactly the nodes the walk reaches (no draft at all when
 it reaches none), `perfect_prefix` the shortest best-first prefix holding them. The ratios are
 seconds of draft-free decoding over those seconds, for the same steps.
@@ -30,7 +31,7 @@ from spot.cost import measure_drafter, probe_prefix
 from spot.drafters.order_model import features, predict
 from spot.drafters.reach import replay
 from spot.policy import topk_logprobs
-from spot.sizing import Sizing
+from spot.sizing import DraftMode, Sizing
 from spot_eval.checkpoints.shipped import EMBEDDED_TARGET
 from spot_eval.checkpoints.target import load_target
 from spot_eval.harness.methods import MethodSpec, build_drafter
@@ -95,20 +96,22 @@ def main() -> None:
     target = load_target(args.target, args.block, args.device, args.exact, getattr(torch, args.dtype))
     profile = verify_profile(target, remeasure=args.remeasure)
     drafter = build_drafter(MethodSpec("spot", 20, auto=True), target, "single")
-    tree_seconds = {b: measure_drafter(drafter, target, DecodeConfig(block_length=args.block, budget=b)) for b in (1, 8, 20)}
+    modes = tuple(DraftMode(name, tuple((b, measure_drafter(drafter, target, DecodeConfig(block_length=args.block, budget=b), name))
+                                        for b in (1, 8, 20)), mean_reach) for name, mean_reach in drafter.modes.items())
     verify = profile.verify
-    sizing = Sizing(verify, tuple(tree_seconds.items()), drafter.reach.mean_reach)
+    sizing = Sizing(verify, modes)
     rows = []
     for context in verify.contexts:
         c1 = verify(1, context)
+        plan = sizing.plan(context, 20)
         rows.append({"context": context, **{f"c({p})/c(1)": verify(p, context) / c1 for p in verify.pieces},
                      "c(1) ms": 1e3 * c1,
                      "size at mean reach, drafter time spent": sizing.size(drafter.reach.mean_reach, context),
-                     "tree drafted": sizing.draft_budget(context, 20)})
+                     "tree drafted": f"{plan.nodes} ({plan.mode})"})
     bound = None
     if args.trajectories:
         blocks = read_blocks(args.trajectories, policy="single")[: args.max_blocks]
-        bound = perfect_sizing(list(replay(drafter.grow, blocks, 20)), verify, sizing.drafter_seconds)
+        bound = {m.name: perfect_sizing(list(replay(drafter.grow, blocks, 20, m.name)), verify, m.drafter_seconds) for m in modes}
         print(f"perfect sizing over draft-free: {bound}", file=sys.stderr)
     for row in rows:
         print("  ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()), file=sys.stderr)
@@ -117,9 +120,9 @@ def main() -> None:
         "exact": args.exact, "threads": torch.get_num_threads(),
         "profile": profile.to_dict(), "curve": rows,
         "order_model_ms": 1e3 * order_model_seconds(drafter, target), "perfect_sizing": bound,
-        "tree_ms": {str(b): 1e3 * s for b, s in tree_seconds.items()},
-        "reach": {"ranks": drafter.reach.ranks, "error": drafter.reach.error,
-                  "mean_reach": drafter.reach.mean_reach[:20], "bins": [b.__dict__ for b in drafter.reach.bins]},
+        "tree_ms": {m.name: {str(b): 1e3 * s for b, s in m.seconds} for m in modes},
+        "reach": {name: {"ranks": r.ranks, "error": r.error, "mean_reach": r.mean_reach[:20], "bins": [b.__dict__ for b in r.bins]}
+                  for name, r in (("model", drafter.reach), ("stale", drafter.stale.reach))},
     }))
 
 

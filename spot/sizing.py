@@ -7,9 +7,10 @@ reached node is one more step beside the free step, so a tree of nodes 1..n adva
 1 + r_1 + ... + r_n steps in expectation. The rule maximises expected steps per second, in two
 decisions per step:
 
-1. How large a tree to draft? Before drafting, only the drafter's mean reach by best-first rank
-   (m_i, measured on held-out trajectories) is known: draft n nodes for the n that maximises
-   (1 + m_1 + ... + m_n) / (c(n + 1, L) + d(n)), n = 0 (no draft, d(0) = 0) included.
+1. How large a tree to draft, and how? Before drafting, only the drafter's mean reach by best-first
+   rank (m_i, measured on held-out trajectories) is known, for each of its modes (a drafter may
+   offer a cheap mode for small trees, spot.drafters.stale): draft n nodes in the mode and for the
+   n that maximise (1 + m_1 + ... + m_n) / (c(n + 1, L) + d(n)), n = 0 (no draft, d(0) = 0) included.
 2. How many of them to verify? Once drafted, the drafter's time is spent: verify the best-first
    prefix of n nodes, n = 0 included, that maximises (1 + r_1 + ... + r_n) / c(n + 1, L).
 
@@ -62,29 +63,54 @@ def _linear(xs: Sequence[int], ys: Sequence[float], x: float) -> float:
 
 
 @dataclass(frozen=True)
-class Sizing:
-    """What budget=auto decides with: the device's verify cost, the drafter's seconds per tree as
-    measured at a few budgets (drafter[j] = (budget, seconds), budgets ascending; linear between
-    them, constant beyond), and the drafter's mean reach by best-first rank (mean_reach[i]: node i + 1's)."""
+class DraftMode:
+    """One way a drafter drafts: its seconds per tree as measured at a few budgets (seconds[j] =
+    (budget, seconds), budgets ascending; linear between them, constant beyond) and its mean reach
+    by best-first rank (mean_reach[i]: node i + 1's)."""
 
-    verify: VerifyCost
-    drafter: tuple[tuple[int, float], ...]
+    name: str
+    seconds: tuple[tuple[int, float], ...]
     mean_reach: tuple[float, ...]
 
     def __post_init__(self) -> None:
-        budgets = [b for b, _ in self.drafter]
+        budgets = [b for b, _ in self.seconds]
         if not budgets or budgets != sorted(set(budgets)) or budgets[0] < 1:
             raise ValueError(f"the drafter's cost needs ascending budgets >= 1, got {budgets}")
 
     def drafter_seconds(self, n: int) -> float:
         if n <= 0:
             return 0.0
-        budgets, seconds = [b for b, _ in self.drafter], [s for _, s in self.drafter]
+        budgets, seconds = [b for b, _ in self.seconds], [s for _, s in self.seconds]
         return seconds[-1] if n >= budgets[-1] else _linear(budgets, seconds, n)
 
-    def draft_budget(self, context: int, cap: int) -> int:
-        """Decision 1: how many nodes to draft (0: none), counting the drafter's time."""
-        return best_size(self.mean_reach[:cap], lambda p: self.verify(p, context), self.drafter_seconds)
+
+@dataclass(frozen=True)
+class Plan:
+    """Decision 1 for a block: draft `nodes` nodes in mode `mode` (nodes 0: no draft, mode None)."""
+
+    mode: str | None
+    nodes: int
+
+
+@dataclass(frozen=True)
+class Sizing:
+    """What budget=auto decides with: the device's verify cost and the drafter's modes."""
+
+    verify: VerifyCost
+    modes: tuple[DraftMode, ...]
+
+    def __post_init__(self) -> None:
+        if not self.modes:
+            raise ValueError("budget=auto needs at least one calibrated drafting mode")
+
+    def plan(self, context: int, cap: int) -> Plan:
+        """Decision 1: the mode and the number of nodes to draft, counting the drafter's time."""
+        best, value = Plan(None, 0), 1.0 / self.verify(1, context)
+        for mode in self.modes:
+            n, v = _best(mode.mean_reach[:cap], lambda p: self.verify(p, context), mode.drafter_seconds)
+            if n and v > value:
+                best, value = Plan(mode.name, n), v
+        return best
 
     def size(self, reach: Sequence[float], context: int) -> int:
         """Decision 2: how many of the drafted nodes (best first, reach[i] node i + 1's) to verify."""
@@ -94,6 +120,11 @@ class Sizing:
 def best_size(reach: Sequence[float], verify_seconds, drafter_seconds) -> int:
     """argmax over n in 0..len(reach) of (1 + reach[0] + ... + reach[n - 1]) / (verify_seconds(n + 1) +
     drafter_seconds(n)), drafter_seconds(0) taken as 0; ties go to the smaller tree."""
+    return _best(reach, verify_seconds, drafter_seconds)[0]
+
+
+def _best(reach: Sequence[float], verify_seconds, drafter_seconds) -> tuple[int, float]:
+    """(best_size's n, its expected steps per second)."""
     best_n, best = 0, 1.0 / verify_seconds(1)
     steps = 1.0
     for n, r in enumerate(reach, start=1):
@@ -101,4 +132,4 @@ def best_size(reach: Sequence[float], verify_seconds, drafter_seconds) -> int:
         value = steps / (verify_seconds(n + 1) + drafter_seconds(n))
         if value > best:
             best_n, best = n, value
-    return best_n
+    return best_n, best

@@ -18,6 +18,7 @@ from mlflow import MlflowClient
 from spot.cost import measure_verify, probe_contexts
 from spot.drafters.order_model import OrderModel
 from spot.drafters.reach import ReachCalibration, ReachMap
+from spot.drafters.stale import StaleOrder
 from spot_eval.checkpoints.drafter import load_checkpoint, save_checkpoint
 from spot_eval.checkpoints.fingerprint import target_fingerprint
 from spot_eval.checkpoints.target import load_target
@@ -92,13 +93,16 @@ def test_a_damaged_profile_is_measured_again(tmp_path, cache, caplog):
 def test_the_reach_calibration_rides_in_the_drafter_checkpoint(tmp_path):
     path = tmp_path / "d.pt"
     save_checkpoint(path, OrderModel(), {"model": "m", "tokenizer_sha256": "t", "weights_digest": "w", "block_length": 16,
-                                         "policy": "single"}, {}, reach=REACH)
-    assert load_checkpoint(path).reach == REACH
-    raw = torch.load(path, weights_only=True)
-    raw["reach"] = {"ranks": [1], "maps": [{"scores": [0.0]}]}
-    torch.save(raw, path)
-    with pytest.raises(ValueError, match="reach calibration is malformed"):
-        load_checkpoint(path)
+                                         "policy": "single"}, {}, reach=REACH, stale=StaleOrder(0.2, REACH))
+    loaded = load_checkpoint(path)
+    assert loaded.reach == REACH and loaded.stale == StaleOrder(0.2, REACH)
+    for key, value, message in [("stale", {"temperature": -1.0}, "stale order is malformed"),
+                                ("reach", {"ranks": [1], "maps": [{"scores": [0.0]}]}, "reach calibration is malformed")]:
+        raw = torch.load(path, weights_only=True)
+        raw[key] = value
+        torch.save(raw, path)
+        with pytest.raises(ValueError, match=message):
+            load_checkpoint(path)
 
 
 @pytest.mark.parametrize(
@@ -178,7 +182,7 @@ def test_lm_eval_runs_spot_at_auto(tmp_path):
     assert len(auto) == 2 and all(s["lossless"] and s["auto"] and s["budget"] == 6 for s in auto)
     assert all(0 <= s["mean_tree_size"] <= 6 and s["mean_tree_size"] == s["draft_nodes"] / len(s["accepted_lengths"]) for s in auto)
     run_json = json.loads((tmp_path / "run" / "run.json").read_text())
-    assert run_json["profile"]["key"]["block_length"] == 16 and min(run_json["profile"]["drafter_seconds"]["spot@auto"].values()) > 0
+    assert run_json["profile"]["key"]["block_length"] == 16 and min(run_json["profile"]["drafter_seconds"]["spot@auto"]["model"].values()) > 0
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     [parent] = client.search_runs([client.get_experiment_by_name("spot-eval").experiment_id], "tags.mlflow.runName = 'spot-eval'")
     assert parent.data.params["profile/key/dtype"] == "float32"

@@ -20,7 +20,8 @@ from spot import DecodeConfig, Sampling, generate
 from spot.drafters import AdversarialDrafter, OracleDrafter, RandomDrafter
 from spot.drafters.order_model import OrderModel
 from spot.drafters.spot import SpotDrafter
-from spot.sizing import Sizing, VerifyCost
+from spot.drafters.stale import StaleOrder
+from spot.sizing import DraftMode, Sizing, VerifyCost
 
 TEMPERATURES = [0.0, 0.7, 1.0, 2.0]
 BUDGETS = [1, 4, 8, 20]
@@ -30,8 +31,11 @@ AUTO = "auto"  # budget=auto at the cap of 20, sized by one of SIZINGS
 FLAT, SLOPED, STEEP = (VerifyCost((1, 21), (0, 4096), ((1.0, 1.2), (1.0, 1.2))),
                        VerifyCost((1, 2, 21), (0,), ((1.0, 1.3, 6.0),)),
                        VerifyCost((1, 2), (0,), ((1.0, 3.0),)))
-SIZINGS = [Sizing(FLAT, ((1, 0.1),), (0.9,) * 20), Sizing(SLOPED, ((1, 0.05), (20, 0.2)), (0.8, 0.5, 0.3)),
-           Sizing(STEEP, ((1, 0.5),), (0.5,))]
+# On the slope SPOT's stale mode, free and as likely to be reached, pays more than its model mode.
+SIZINGS = [Sizing(FLAT, (DraftMode("model", ((1, 0.1),), (0.9,) * 20),)),
+           Sizing(SLOPED, (DraftMode("model", ((1, 0.05), (20, 0.2)), (0.8, 0.5, 0.3)),
+                           DraftMode("stale", ((1, 0.0),), (0.8, 0.5, 0.3)))),
+           Sizing(STEEP, (DraftMode("model", ((1, 0.5),), (0.5,)),))]
 
 
 class Reaching:
@@ -66,7 +70,7 @@ def with_budget(config: DecodeConfig, budget: int) -> DecodeConfig:
 
 def untrained_spot() -> SpotDrafter:
     torch.manual_seed(0)
-    return SpotDrafter(OrderModel(), gate=0.9)
+    return SpotDrafter(OrderModel(), gate=0.9, stale=StaleOrder(0.2))
 
 
 def drafters(reference):

@@ -14,7 +14,7 @@ from test_engine import FLAT, STEEP, Reaching, prompt_ids
 from spot import DecodeConfig, Sampling, generate
 from spot.drafters import OracleDrafter, RandomDrafter
 from spot.drafters.reach import ReachCalibration, ReachMap, ReplayedTree, fit_reach, isotonic, with_table
-from spot.sizing import Sizing, VerifyCost, best_size
+from spot.sizing import DraftMode, Plan, Sizing, VerifyCost, best_size
 from spot.tree import DraftTree
 
 CURVE = VerifyCost(pieces=(1, 2, 5), contexts=(32, 288), seconds=((1.0, 1.5, 3.0), (2.0, 2.5, 5.0)))
@@ -61,18 +61,32 @@ def test_a_flat_curve_grows_to_the_cap_and_a_steep_one_stops_at_zero_or_one():
 
 
 def test_the_drafters_time_counts_before_drafting_and_not_after():
-    sizing = Sizing(VerifyCost((1, 2, 3), (0,), ((1.0, 1.2, 1.4),)), drafter=((1, 0.5),), mean_reach=(0.6, 0.2))
+    model = DraftMode("model", ((1, 0.5),), (0.6, 0.2))
+    sizing = Sizing(VerifyCost((1, 2, 3), (0,), ((1.0, 1.2, 1.4),)), (model,))
     # Before: (1 + 0.6) / (1.2 + 0.5) < 1 and (1 + 0.6 + 0.2) / (1.4 + 0.5) < 1.
-    assert sizing.draft_budget(context=0, cap=2) == 0
+    assert sizing.plan(context=0, cap=2) == Plan(None, 0)
     # After drafting its time is spent: the same reach pays for a node (1.6 / 1.2 > 1, and > 1.8 / 1.4).
     assert sizing.size([0.6, 0.2], context=0) == 1
-    cheap = replace(sizing, drafter=((1, 0.05), (2, 0.05)))
-    assert cheap.draft_budget(context=0, cap=2) == 1 and cheap.draft_budget(context=0, cap=0) == 0
+    cheap = replace(sizing, modes=(replace(model, seconds=((1, 0.05), (2, 0.05))),))
+    assert cheap.plan(context=0, cap=2) == Plan("model", 1) and cheap.plan(context=0, cap=0) == Plan(None, 0)
     # The drafter's cost between and beyond its measured budgets.
-    costs = Sizing(sizing.verify, ((1, 0.1), (5, 0.5)), ())
+    costs = DraftMode("m", ((1, 0.1), (5, 0.5)), ())
     assert [costs.drafter_seconds(n) for n in (0, 1, 3, 5, 20)] == pytest.approx([0.0, 0.1, 0.3, 0.5, 0.5])
     with pytest.raises(ValueError, match="ascending budgets"):
-        Sizing(sizing.verify, ((4, 0.1), (2, 0.2)), ())
+        DraftMode("m", ((4, 0.1), (2, 0.2)), ())
+    with pytest.raises(ValueError, match="at least one calibrated drafting mode"):
+        Sizing(sizing.verify, ())
+
+
+def test_the_plan_picks_the_mode_that_pays_most():
+    verify = VerifyCost((1, 2, 3), (0,), ((1.0, 1.2, 1.4),))
+    model = DraftMode("model", ((1, 0.2),), (0.6, 0.4))  # 1.6 / 1.4 = 1.143; 2.0 / 1.6 = 1.25
+    stale = DraftMode("stale", ((1, 0.01),), (0.45, 0.1))  # 1.45 / 1.21 = 1.198; 1.55 / 1.41 = 1.099
+    assert Sizing(verify, (model, stale)).plan(0, cap=2) == Plan("model", 2)
+    # With a cap of one node the model's tree no longer repays its cost, the stale one does.
+    assert Sizing(verify, (model, stale)).plan(0, cap=1) == Plan("stale", 1)
+    assert Sizing(verify, (stale, model)).plan(0, cap=1) == Plan("stale", 1)  # not the order given
+    assert Sizing(verify, (replace(stale, mean_reach=(0.1,)),)).plan(0, cap=1) == Plan(None, 0)  # 1.1 / 1.21 < 1
 
 
 def test_prefix_keeps_the_first_nodes_with_their_scores_and_reach():
@@ -134,7 +148,7 @@ def test_auto_grows_to_the_cap_on_a_flat_curve_and_never_drafts_on_a_steep_one()
     prompt = prompt_ids(3, 10)
     reference = generate(target, prompt, config, record=True)
     oracle = OracleDrafter(reference.trajectory)
-    sure = Sizing(FLAT, ((1, 0.0),), (1.0,) * 20)
+    sure = Sizing(FLAT, (DraftMode("oracle", ((1, 0.0),), (1.0,) * 20),))
 
     class Certain(Reaching):
         def draft(self, ctx):
@@ -144,7 +158,7 @@ def test_auto_grows_to_the_cap_on_a_flat_curve_and_never_drafts_on_a_steep_one()
     big = generate(target, prompt, replace(config, budget=6), drafter=Certain(oracle, 0), sizing=sure)
     fixed = generate(target, prompt, replace(config, budget=6), drafter=oracle)
     assert big.token_ids == reference.token_ids and big.stats.accepted_lengths == fixed.stats.accepted_lengths
-    never = generate(target, prompt, replace(config, budget=20), drafter=Reaching(oracle, 0), sizing=Sizing(STEEP, ((1, 0.5),), (0.5,)))
+    never = generate(target, prompt, replace(config, budget=20), drafter=Reaching(oracle, 0), sizing=Sizing(STEEP, (DraftMode("oracle", ((1, 0.5),), (0.5,)),)))
     assert never.token_ids == reference.token_ids
     assert never.stats.draft_nodes == 0 and never.stats.forwards == reference.stats.forwards
 
@@ -153,4 +167,4 @@ def test_auto_needs_a_drafter_that_knows_its_reach():
     target = tiny_target(16, seed=2, eos_ids=frozenset())
     config = DecodeConfig(block_length=16, gen_length=40, budget=4)
     with pytest.raises(ValueError, match="budget=auto needs reach probabilities.*calibrate-reach"):
-        generate(target, prompt_ids(3, 10), config, drafter=RandomDrafter(VOCAB, seed=1), sizing=Sizing(FLAT, ((1, 0.0),), (1.0,)))
+        generate(target, prompt_ids(3, 10), config, drafter=RandomDrafter(VOCAB, seed=1), sizing=Sizing(FLAT, (DraftMode("random", ((1, 0.0),), (1.0,)),)))

@@ -24,7 +24,7 @@ from spot.drafters.spiffy import (
     prune,
     scores,
 )
-from spot.sizing import Sizing, VerifyCost
+from spot.sizing import DraftMode, Sizing, VerifyCost
 from spot_eval.checkpoints.spiffy_graph import graph_for_target
 from spot_eval.checkpoints.target import load_target
 from spot_eval.cli import main
@@ -289,19 +289,19 @@ def test_spiffy_trees_carry_the_calibration_counts_as_reach_and_auto_stays_lossl
     prompt = list(range(1, 12))
     reference = generate(target, prompt, config, record=True)
     drafter = SpiffyDrafter(graph, prune_to=None)
-    assert drafter.mean_reach == graph.reach[1:]
+    assert drafter.modes == {"graph": graph.reach[1:]}
     trees = []
 
     class Spy:
         name = "spiffy"
-        mean_reach = drafter.mean_reach
+        modes = drafter.modes
 
         def draft(self, ctx):
             trees.append(drafter.draft(ctx))
             return trees[-1]
 
     for cost in (VerifyCost((1, 9), (0,), ((1.0, 1.1),)), VerifyCost((1, 2), (0,), ((1.0, 1.5),))):
-        got = generate(target, prompt, replace(config, budget=7), drafter=Spy(), sizing=Sizing(cost, ((1, 0.01),), drafter.mean_reach))
+        got = generate(target, prompt, replace(config, budget=7), drafter=Spy(), sizing=Sizing(cost, (DraftMode("graph", ((1, 0.01),), graph.reach[1:]),)))
         assert got.token_ids == reference.token_ids
     drafted = [t for t in trees if t.size]
     assert drafted and all(t.reach[0] == 1.0 and set(t.reach[1:]) <= set(graph.reach[1:]) for t in drafted)

@@ -183,6 +183,10 @@ def test_cli_collect_then_train_drafter(checkpoint, tmp_path, capsys):
     assert reach["trees"] > 0 and reach["nodes"] <= 4 * reach["trees"] and 0 < sum(b["count"] for b in reach["bins"]) < reach["nodes"]
     calibrated = load_checkpoint(gamma_path)
     assert calibrated.gamma[:8] == tuple(fit["gamma"]) and calibrated.reach.mean_reach[:8] == tuple(reach["mean_reach"])
+    # and the stale-confidence order's temperature with its own calibration (the cheap mode)
+    stale = reach["stale"]
+    assert stale["trees"] > 0 and 0 <= stale["top1"] <= 1 and stale["steps"] > 0
+    assert calibrated.stale.temperature == stale["temperature"] and calibrated.stale.reach.mean_reach[:8] == tuple(stale["mean_reach"])
 
 
 @pytest.mark.parametrize(

@@ -26,6 +26,8 @@ class DraftContext:
     request, block, step: the noise key of the root's step; a node d commits-steps deep
         is scored by the verifier with `gumbel(step + d)`.
     gumbel: the coupled noise of a step of this block ([K, V] float64, None at T = 0).
+    mode: how to draft, one of the drafter's `modes` (budget=auto picks it, spot.sizing); None: the
+        drafter's own default.
     """
 
     state: torch.Tensor
@@ -39,6 +41,7 @@ class DraftContext:
     step: int
     budget: int
     gumbel: Callable[[int], torch.Tensor | None]
+    mode: str | None = None
 
 
 @runtime_checkable
@@ -47,3 +50,8 @@ class Drafter(Protocol):
 
     def draft(self, ctx: DraftContext) -> DraftTree:
         """A tree rooted at `ctx.state` with at most `ctx.budget` nodes beyond the root."""
+
+
+# A drafter that budget=auto can size also has `modes: dict[str, tuple[float, ...]]`: each calibrated
+# way it can draft (DraftContext.mode), with its mean reach by best-first rank; and its trees carry
+# `reach` (spot.tree.DraftTree).

@@ -39,10 +39,10 @@ class ReplayedTree:
         return 1 + sum(self.reached)
 
 
-def replay(grow, blocks: Sequence[RecordedBlock], budget: int) -> Iterator[ReplayedTree | None]:
+def replay(grow, blocks: Sequence[RecordedBlock], budget: int, mode: str | None = None) -> Iterator[ReplayedTree | None]:
     """The engine's walk over recorded blocks, one item per verify forward: the tree grown at that
-    root (grow(ctx, topk_logprobs, topk_ids, prior) -> DraftTree), or None at a block's first step,
-    which has no stale distribution to draft from (one step, no tree)."""
+    root (grow(ctx, topk_logprobs, topk_ids, prior) -> DraftTree, ctx.mode `mode`), or None at a
+    block's first step, which has no stale distribution to draft from (one step, no tree)."""
     for block in blocks:
         n_steps = block.states.shape[0] - 1
         config = DecodeConfig(block_length=block.states.shape[1], sampling=Sampling(block.temperature), seed=block.seed, budget=budget)
@@ -53,7 +53,7 @@ def replay(grow, blocks: Sequence[RecordedBlock], budget: int) -> Iterator[Repla
                 s += 1
                 continue
             ctx = DraftContext(block.states[s], None, block.states[s - 1], None, config, block.mask_id, block.request,
-                               block.block, s, budget, lambda _: None)
+                               block.block, s, budget, lambda _: None, mode)
             tree: DraftTree = grow(ctx, block.topk_logprobs[s - 1].float(), block.topk_ids[s - 1].long(), block.prior(s))
             ahead = {tuple(block.states[t].tolist()): t for t in range(s + 1, n_steps)}  # the finished state needs no node
             at = [ahead.get(tuple(row)) for row in tree.states[1:].tolist()]

@@ -421,9 +421,10 @@ class SpiffyDrafter:
         self._reach = graph.reach  # per graph node; computed once, read by every tree
 
     @property
-    def mean_reach(self) -> tuple[float, ...] | None:
-        """budget=auto's expectation before drafting: each graph node's reach, in graph order."""
-        return None if self._reach is None else self._reach[1:]
+    def modes(self) -> dict[str, tuple[float, ...]]:
+        """budget=auto's expectation before drafting (its one mode, "graph"): each graph node's reach,
+        in graph order; none for a graph without calibration counts."""
+        return {} if self._reach is None else {"graph": self._reach[1:]}
 
     def draft(self, ctx: DraftContext) -> DraftTree:
         if ctx.state.shape[0] != self.graph.block_length or ctx.config.policy != self.graph.policy:

@@ -5,7 +5,8 @@ stale distribution, ranked with the node's step noise (the coupled draw), gives 
 An edge (p, v) scores log P_order(p) + log q(v | p), q the stale probability of v. A position
 also branches on its second-ranked token when its first-ranked probability is below the token
 gate (default 0.6); otherwise the budget goes to alternative orders. SPOT-gamma reweights each
-depth's edge log-scores by a fitted exponent (spot.tree.grow_best_first's gamma).
+depth's edge log-scores by a fitted exponent (spot.tree.grow_best_first's gamma). In mode "stale"
+(spot.drafters.stale) the stale confidences stand in for the order model: no network call.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import torch
 from spot.drafters.base import DraftContext
 from spot.drafters.order_model import OrderModel, Prediction, Prior, features, predict, step_noise_at_topk
 from spot.drafters.reach import ReachCalibration
+from spot.drafters.stale import StaleOrder
 from spot.policy import topk_logprobs
 from spot.tree import DraftTree, Edge, Frontier, grow_best_first
 
@@ -28,6 +30,8 @@ class SpotDrafter:
 
     reach: the calibration of path scores to the probability that the walk reaches a node
         (spot.drafters.reach); with it every tree carries `reach`, which budget=auto sizes by.
+    stale: the stale-confidence order (spot.drafters.stale), which a DraftContext of mode "stale"
+        drafts with instead of the model; budget=auto offers it when it carries a calibration.
     model_depth: tree levels that get a fresh order-model call; a deeper node reuses its parent's
         order logits, renormalised over the positions still masked (a Plackett-Luce chain). With 1
         the model runs once per tree, at the root; None re-scores every node, which costs one
@@ -55,6 +59,7 @@ class SpotDrafter:
         name: str = "spot",
         model_depth: int | None = 1,
         reach: ReachCalibration | None = None,
+        stale: StaleOrder | None = None,
     ) -> None:
         if not 0.0 <= gate <= 1.0:
             raise ValueError(f"token gate must be in [0, 1], got {gate}")
@@ -64,13 +69,18 @@ class SpotDrafter:
         self.gate = gate
         self.gamma = tuple(gamma) if gamma else None
         self.reach = reach
+        self.stale = stale
         self.name = name
         self.model_depth = model_depth
 
     @property
-    def mean_reach(self) -> tuple[float, ...] | None:
-        """budget=auto's expectation before drafting: the calibration's mean reach by best-first rank."""
-        return None if self.reach is None else self.reach.mean_reach
+    def modes(self) -> dict[str, tuple[float, ...]]:
+        """The calibrated modes budget=auto may pick, each with its mean reach by best-first rank (what
+        it expects before drafting): "model", and "stale" where the stale order is calibrated."""
+        modes = {} if self.reach is None else {"model": self.reach.mean_reach}
+        if self.stale is not None and self.stale.reach is not None:
+            modes["stale"] = self.stale.reach.mean_reach
+        return modes
 
     @torch.inference_mode()
     def draft(self, ctx: DraftContext) -> DraftTree:
@@ -78,7 +88,7 @@ class SpotDrafter:
             return DraftTree.root_only(ctx.state)
         lp, ids = topk_logprobs(ctx.stale_logits, self.model.config.topk, ctx.mask_id)
         prior = None
-        if ctx.prior_logits is not None:
+        if ctx.prior_logits is not None and ctx.mode != "stale":  # the stale order reads no trend
             prior_lp, prior_ids = topk_logprobs(ctx.prior_logits, 1, ctx.mask_id)
             prior = Prior(prior_lp[:, 0], prior_ids[:, 0], torch.tensor(True))
         return self.grow(ctx, lp, ids, prior)
@@ -91,7 +101,12 @@ class SpotDrafter:
         lp, ids = lp.to(device), ids.to(device)
         if prior is not None:
             prior = Prior(prior.logprobs.to(device), prior.ids.to(device), prior.present.to(device))
+        if ctx.mode not in (None, "model", "stale"):
+            raise ValueError(f"SPOT drafts in mode 'model' or 'stale', not {ctx.mode!r}")
+        if ctx.mode == "stale" and self.stale is None:
+            raise ValueError("mode 'stale' needs the stale order's temperature: calibrate the drafter (spot-eval calibrate-reach)")
         temperature = ctx.config.sampling.temperature
+        stale_mode = ctx.mode == "stale"
         root_masked = (ctx.state == ctx.mask_id).to(device)  # [K]
         # node id -> [K] its masked positions; the root's parent (-1) is the state of the stale logits,
         # so each node's last commit is where its parent was masked and it is not
@@ -125,7 +140,10 @@ class SpotDrafter:
             nodes = frontier.states.to(device)  # [B, K]
             masked = nodes == ctx.mask_id
             fresh = [i for i, d in enumerate(frontier.depths) if self.model_depth is None or d < self.model_depth]
-            if fresh:
+            if fresh and stale_mode:
+                logits = self.stale.logits(torch.stack([prediction(frontier.depths[i]).probs[:, 0] for i in fresh]), masked[fresh])
+                order_logits.update(zip((frontier.nodes[i] for i in fresh), logits, strict=True))  # [F, K] no model call
+            elif fresh:
                 masked_at.update((frontier.nodes[i], masked[i]) for i in fresh)
                 last = torch.stack([masked_at[frontier.parents[i]] for i in fresh]) & ~masked[fresh]  # [F, K]
                 pred = [prediction(frontier.depths[i]) for i in fresh]
@@ -144,9 +162,8 @@ class SpotDrafter:
             return out
 
         tree = grow_best_first(ctx.state, ctx.budget, expand, self.gamma)
-        if self.reach is None:
-            return tree
-        return replace(tree, reach=(1.0, *self.reach(tree.scores[1:])))
+        reach = self.stale.reach if stale_mode else self.reach
+        return tree if reach is None else replace(tree, reach=(1.0, *reach(tree.scores[1:])))
 
 
 def _predictions(lp: torch.Tensor, ids: torch.Tensor, ctx: DraftContext, temperature: float) -> list[Prediction]:

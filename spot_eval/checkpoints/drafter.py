@@ -4,10 +4,12 @@ A checkpoint is one `torch.save`d dict, read back with `torch.load(path, weights
 
     {"format": "spot-order-model/3", "state_dict": {...}, "state_sha256": "...",
      "config": OrderModelConfig.to_dict(), "fingerprint": target_fingerprint(...),
-     "metrics": {...held-out accuracies...}, "gamma": None, "reach": None}
+     "metrics": {...held-out accuracies...}, "gamma": None, "reach": None, "stale": None}
 
 "reach" (optional; `spot-eval calibrate-reach`) maps tree scores to the probability that the walk
-reaches a node (spot.drafters.reach), which budget=auto needs.
+reaches a node (spot.drafters.reach), which budget=auto needs. "stale" (optional, written by the
+same command) holds the stale-confidence order's temperature and its own reach calibration
+(spot.drafters.stale), the cheap mode budget=auto may pick for small trees.
 
 `state_sha256` is there because torch's zip reader does not check the data it reads: a flipped byte
 inside a weight tensor loads silently and only makes the drafter worse. Every way a file can be
@@ -27,6 +29,7 @@ import torch
 
 from spot.drafters.order_model import OrderModel, OrderModelConfig
 from spot.drafters.reach import ReachCalibration
+from spot.drafters.stale import StaleOrder
 from spot_eval.checkpoints.fingerprint import IDENTITY
 
 FORMAT = "spot-order-model/3"
@@ -59,6 +62,7 @@ class DrafterCheckpoint:
     metrics: dict
     gamma: tuple[float, ...] | None  # SPOT-gamma's per-depth exponents (spot.drafters.spot), None for plain SPOT
     reach: ReachCalibration | None = None  # for budget=auto; None until calibrated
+    stale: StaleOrder | None = None  # budget=auto's cheap mode; None until calibrated
 
 
 def save_checkpoint(
@@ -68,6 +72,7 @@ def save_checkpoint(
     metrics: dict,
     gamma: Sequence[float] | None = None,
     reach: ReachCalibration | None = None,
+    stale: StaleOrder | None = None,
 ) -> None:
     """Write atomically (temp file + rename): an interrupted save never leaves a half checkpoint."""
     path = Path(path)
@@ -82,6 +87,7 @@ def save_checkpoint(
         "metrics": metrics,
         "gamma": None if gamma is None else [float(g) for g in gamma],
         "reach": None if reach is None else reach.to_dict(),
+        "stale": None if stale is None else stale.to_dict(),
     }
     tmp = path.with_name(path.name + ".tmp")
     torch.save(payload, tmp)
@@ -144,5 +150,11 @@ def load_checkpoint(path: str | Path) -> DrafterCheckpoint:
             reach = ReachCalibration.from_dict(reach)
         except (KeyError, TypeError, ValueError, AttributeError) as err:
             raise corrupt(f"the reach calibration is malformed ({err})") from None
+    stale = raw.get("stale")
+    if stale is not None:
+        try:
+            stale = StaleOrder.from_dict(stale)
+        except (KeyError, TypeError, ValueError, AttributeError) as err:
+            raise corrupt(f"the stale order is malformed ({err})") from None
     return DrafterCheckpoint(str(path), model.eval(), config, fingerprint, raw["metrics"],
-                             None if gamma is None else tuple(gamma), reach)
+                             None if gamma is None else tuple(gamma), reach, stale)

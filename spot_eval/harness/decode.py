@@ -10,7 +10,7 @@ import torch
 from spot import DecodeConfig, Sampling, generate
 from spot_eval.checkpoints.target import checkpoint_info, encode_prompt, load_target
 from spot_eval.harness.methods import AUTO, KNOWN, MAX_BUDGET, MethodSpec, build_drafter, drafter_file
-from spot_eval.harness.profile import auto_sizing
+from spot_eval.harness.profile import auto_sizing, drafter_seconds
 from spot_eval.harness.settings import resolve_device
 
 DRAFT_FREE = "draft_free"
@@ -86,7 +86,7 @@ def decode_prompt(
         "budget": "auto" if auto else budget,
         "max_budget": budget if auto else None,
         "mean_tree_size": s.mean_tree_size,
-        "drafter_seconds_per_tree": None if sizing is None else dict(sizing.drafter),
+        "drafter_seconds_per_tree": None if sizing is None else drafter_seconds(sizing),
         "target": str(target),
         "text": result.text,
         "token_ids": list(result.token_ids),

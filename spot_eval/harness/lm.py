@@ -27,7 +27,7 @@ from spot_eval.harness import settings
 from spot_eval.harness.lossless import MethodRecord
 from spot_eval.harness.methods import MAX_BUDGET, MethodSpec, build_drafter, drafter_file, parse_methods
 from spot_eval.harness.parallel import Ranks
-from spot_eval.harness.profile import auto_sizing, verify_profile
+from spot_eval.harness.profile import auto_sizing, drafter_seconds, verify_profile
 from spot_eval.harness.session import RequestRecord, Session
 from spot_eval.tracking.writer import TrackingConfig, open_tracker
 
@@ -160,7 +160,7 @@ class SpotLM(LM):
         for spec in auto:
             sizing = auto_sizing(self.target, self._drafters[spec.label], replace(self.config, budget=spec.budget), profile)
             sizings[spec.label] = sizing
-            record["drafter_seconds"][spec.label] = dict(sizing.drafter)
+            record["drafter_seconds"][spec.label] = drafter_seconds(sizing)
         return sizings, record
 
     # -- lm-eval contract --------------------------------------------------------------------------

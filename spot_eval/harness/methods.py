@@ -124,7 +124,7 @@ def build_drafter(spec: MethodSpec, target, policy: str, reference=None) -> Draf
         # Spiffy's budget is D*, the nodes its online pruning keeps (the whole graph when larger); with
         # auto, the cap: the rule sizes the pruned graph by its calibration counts.
         drafter = SpiffyDrafter(graph_for_target(target, policy, path), prune_to=spec.budget)
-        if spec.auto and drafter.mean_reach is None:
+        if spec.auto and not drafter.modes:
             raise ValueError(f"{path} holds a hand-made graph without calibration counts, which spiffy@auto sizes by: "
                              "calibrate one (spot-eval spiffy-calibrate) or use a fixed D* (spiffy@3)")
         return drafter
@@ -139,7 +139,7 @@ def build_drafter(spec: MethodSpec, target, policy: str, reference=None) -> Draf
         if checkpoint.gamma is None:
             raise ValueError(f"{path} holds no fitted gamma; fit one with spot-eval fit-gamma before using spot_gamma")
         gamma = checkpoint.gamma if isinstance(checkpoint.gamma, (list, tuple)) else [checkpoint.gamma]
-    if spec.auto and checkpoint.reach is None:
+    if spec.auto and checkpoint.reach is None and (checkpoint.stale is None or checkpoint.stale.reach is None):
         raise ValueError(f"{path} holds no reach calibration, which {spec.label} sizes its trees by: fit one with "
                          f"spot-eval calibrate-reach --drafter {path} --trajectories DIR, or use a fixed budget")
-    return SpotDrafter(checkpoint.model.to(target.device), gamma=gamma, name=spec.name, reach=checkpoint.reach)
+    return SpotDrafter(checkpoint.model.to(target.device), gamma=gamma, name=spec.name, reach=checkpoint.reach, stale=checkpoint.stale)

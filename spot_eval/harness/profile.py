@@ -24,10 +24,10 @@ import torch
 
 from spot.config import DecodeConfig
 from spot.cost import measure_drafter, measure_verify, probe_contexts
-from spot.sizing import Sizing, VerifyCost
+from spot.sizing import DraftMode, Sizing, VerifyCost
 from spot_eval.checkpoints.fingerprint import weights_digest
 
-VERSION = 1  # bump when the probe changes what it measures
+VERSION = 2  # bump when the probe changes what it measures (2: timed between the steps decoding runs)
 log = logging.getLogger("spot_eval")
 
 
@@ -115,10 +115,18 @@ def verify_profile(target, remeasure: bool = False) -> Profile:
 
 def auto_sizing(target, drafter, config: DecodeConfig, profile: Profile | None = None) -> Sizing:
     """What budget=auto decides with for one drafter at `config` (its budget the cap): the device's
-    profile (cached or measured), the drafter's seconds per tree at budgets 1, 4 and the cap
-    (measured now, a few calls each), and its mean reach by best-first rank (`drafter.mean_reach`,
-    from its calibration)."""
+    profile (cached or measured) and, for each of the drafter's calibrated modes (`drafter.modes`),
+    its seconds per tree at budgets 1, 4 and the cap (measured now, a few calls each) and its mean
+    reach by best-first rank."""
     profile = profile or verify_profile(target)
     budgets = sorted({min(b, config.budget) for b in (1, 4, config.budget)})
-    cost = tuple((b, measure_drafter(drafter, target, replace(config, budget=b))) for b in budgets)
-    return Sizing(profile.verify, cost, drafter.mean_reach)
+    modes = tuple(
+        DraftMode(name, tuple((b, measure_drafter(drafter, target, replace(config, budget=b), name)) for b in budgets), mean_reach)
+        for name, mean_reach in drafter.modes.items()
+    )
+    return Sizing(profile.verify, modes)
+
+
+def drafter_seconds(sizing: Sizing) -> dict[str, dict[int, float]]:
+    """The measured seconds per tree, by mode and budget (what run.json and `decode` report)."""
+    return {mode.name: dict(mode.seconds) for mode in sizing.modes}

@@ -46,5 +46,6 @@ def fit_gamma_command(
         "grid": [list(row) for row in fit.grid],
     }
     save_checkpoint(out or drafter, checkpoint.model, checkpoint.fingerprint,
-                    {**checkpoint.metrics, "gamma_fit": report}, gamma=list(fit.gamma), reach=checkpoint.reach)
+                    {**checkpoint.metrics, "gamma_fit": report}, gamma=list(fit.gamma), reach=checkpoint.reach,
+                    stale=checkpoint.stale)
     return report
