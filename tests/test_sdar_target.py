@@ -172,7 +172,7 @@ def test_an_sdar_moe_checkpoint_loads_into_qwen3_moe_and_every_drafter_is_lossle
     ids = torch.arange(20)[None]
     with torch.no_grad():
         got, want = target.model(input_ids=ids).logits, reference_model(input_ids=ids).logits
-    # The exact layout pads small expert groups to MIN_ROWS rows: another matmul path, the same numbers to rounding.
+    # The exact layout runs experts in fixed chunks (spot.targets.rows): other matmul shapes, the same numbers to rounding.
     assert torch.allclose(got, want, atol=1e-5, rtol=0) if exact else torch.equal(got, want)
     config = DecodeConfig(block_length=16, gen_length=40, sampling=Sampling(temperature), seed=4)
     prompt = list(range(1, 12))
@@ -227,7 +227,7 @@ def test_an_sdar_directory_loads_without_transformers_warnings(tmp_path, caplog)
 
 def test_an_unknown_model_type_is_refused_listing_the_supported_ones(tmp_path):
     path = write_checkpoint(tmp_path / "ckpt", {"model_type": "llada"})
-    with pytest.raises(ValueError, match="declares model_type 'llada', which this adapter does not load; supported: sdar, qwen3, sdar_moe, qwen3_moe"):
+    with pytest.raises(ValueError, match="declares model_type 'llada', which spot-eval does not load; supported: sdar, qwen3, sdar_moe, qwen3_moe, llada2_moe"):
         SDARTarget.from_pretrained(path)
 
 
@@ -263,8 +263,8 @@ def test_a_hub_id_resolves_offline_from_the_cache_and_an_uncached_one_names_the_
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_moe_pieces_score_bit_for_bit_as_one_piece_forwards_in_the_exact_layout(dtype):
-    """How many tokens each expert gets depends on the other pieces; the exact layout pads every expert's
-    group to MIN_ROWS rows, so a piece's logits do not depend on them."""
+    """How many tokens each expert gets depends on the other pieces; the exact layout runs every expert on
+    its group in fixed chunks (spot.targets.rows), so a piece's logits do not depend on them."""
     target = SDARTarget(tiny_qwen3_moe(seed=3).to(dtype), MASK_ID, frozenset(), 16, exact=True)
     prefix = torch.arange(32) % 60
     states = random_states(21, 16, committed=7, seed=5)

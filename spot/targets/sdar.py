@@ -48,6 +48,8 @@ from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
 from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeExperts, Qwen3MoeRMSNorm
 
 from spot.targets.attention import PIECES, PieceLayout
+from spot.targets.llada2 import LLaDA2Config, LLaDA2ForCausalLM
+from spot.targets.rows import in_chunks
 
 SAFE_FRACTION = 0.5  # of the free memory one verify may plan to use: the estimate leaves out temporaries
 # Fields of SDAR's config.json that only its remote code reads.
@@ -58,7 +60,11 @@ FAMILIES: dict[str, tuple[type[PretrainedConfig], type[PreTrainedModel]]] = {
     "qwen3": (Qwen3Config, Qwen3ForCausalLM),
     "sdar_moe": (Qwen3MoeConfig, Qwen3MoeForCausalLM),
     "qwen3_moe": (Qwen3MoeConfig, Qwen3MoeForCausalLM),
+    "llada2_moe": (LLaDA2Config, LLaDA2ForCausalLM),
 }
+# The block size of a family whose config.json names none: LLaDA2.0's model card and reference
+# generate decode in blocks of 32 [SRC: inclusionAI/LLaDA2.0-mini; SGLang's DllmConfig agrees].
+BLOCK_SIZES = {"llada2_moe": 32}
 
 
 class SDARRMSNorm(nn.Module):
@@ -78,26 +84,23 @@ class SDARRMSNorm(nn.Module):
         return (x * self.weight.float()).to(hidden_states.dtype)
 
 
-MIN_ROWS = 4  # CPU matmuls give a row the same result for every row count from 4 on (fp32; bf16 always)
-
-
 def _row_invariant_experts(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor):
     """Qwen3-MoE's experts (transformers' Qwen3MoeExperts weights, gate_up_proj [E, 2F, d] and
-    down_proj [E, d, F]) with every expert's group of tokens padded to at least MIN_ROWS rows. How many
-    tokens an expert gets depends on the other pieces of a verify; without the padding a group of one to
-    three rows takes another fp32 matmul path than a larger one, and the exact layout would not be.
+    down_proj [E, d, F]) run on every expert's group of tokens in fixed chunks (spot.targets.rows): how many
+    tokens an expert gets depends on the other pieces of a verify, and the exact layout needs a token's
+    output not to.
 
     hidden_states: [T, d]; top_k_index, top_k_weights: [T, k]. Returns [T, d]: per token the weighted sum
     of its experts' outputs, added in expert order (the same order whatever the grouping)."""
     out = torch.zeros_like(hidden_states)
     for expert in top_k_index.unique().tolist():
         tokens, slot = torch.where(top_k_index == expert)  # [n] each
-        x = hidden_states[tokens]  # [n, d]
-        n = x.shape[0]
-        if n < MIN_ROWS:
-            x = torch.cat([x, x.new_zeros(MIN_ROWS - n, x.shape[1])])
-        gate, up = nn.functional.linear(x, self.gate_up_proj[expert]).chunk(2, dim=-1)  # [max(n, MIN_ROWS), F] each
-        y = nn.functional.linear(self.act_fn(gate) * up, self.down_proj[expert])[:n]  # [n, d]
+
+        def mlp(x: torch.Tensor, expert: int = expert) -> torch.Tensor:  # [ROWS, d] -> [ROWS, d]
+            gate, up = nn.functional.linear(x, self.gate_up_proj[expert]).chunk(2, dim=-1)  # [ROWS, F] each
+            return nn.functional.linear(self.act_fn(gate) * up, self.down_proj[expert])
+
+        y = in_chunks(mlp, hidden_states[tokens])  # [n, d]
         out.index_add_(0, tokens, (y * top_k_weights[tokens, slot, None]).to(out.dtype))
     return out
 
@@ -124,8 +127,13 @@ class CheckpointInfo:
 
 
 def read_checkpoint(path: str | Path) -> tuple[PretrainedConfig, CheckpointInfo]:
-    """Map an SDAR config.json (dense `sdar` or MoE `sdar_moe`, or an SDAR-style Qwen3 one) to a plain
-    transformers Qwen3 / Qwen3-MoE config, by its model_type (`FAMILIES`).
+    """Map a block-diffusion checkpoint's config.json to a plain config of the transformers-style class
+    that holds its weights, by its model_type (`FAMILIES`): SDAR (dense `sdar`, MoE `sdar_moe`, or an
+    SDAR-style Qwen3 one) and LLaDA2.0 (`llada2_moe`).
+
+    The mask and EOS ids come from config.json (and generation_config.json) where it names them, else
+    from the tokenizer's own special tokens (LLaDA2.0's config.json names neither); the block size
+    from config.json, else the family's published one (`BLOCK_SIZES`).
 
     Raises:
         FileNotFoundError / ValueError with a message naming the directory and the missing field.
@@ -135,18 +143,23 @@ def read_checkpoint(path: str | Path) -> tuple[PretrainedConfig, CheckpointInfo]
     if not config_file.is_file():
         raise FileNotFoundError(f"{path} is not a model directory: it has no config.json")
     raw = json.loads(config_file.read_text())
-    for field in ("mask_token_id", "block_size"):
-        if raw.get(field) is None:
-            raise ValueError(
-                f"{config_file} has no {field!r}: this is not a block-diffusion (SDAR-style) checkpoint. "
-                f"Add {field} to config.json (SDAR uses mask_token_id 151669 and block_size 4/8/16/32/64)."
-            )
     model_type = raw.get("model_type", "qwen3")
     if model_type not in FAMILIES:
         raise ValueError(
-            f"{config_file} declares model_type {model_type!r}, which this adapter does not load; "
+            f"{config_file} declares model_type {model_type!r}, which spot-eval does not load; "
             f"supported: {', '.join(FAMILIES)}"
         )
+    special = _special_tokens(path)
+    mask_id = raw.get("mask_token_id", special.get("mask_token"))
+    block_size = raw.get("block_size", BLOCK_SIZES.get(model_type))
+    for field, value, hint in (("mask_token_id", mask_id, "or a mask_token in tokenizer_config.json"),
+                               ("block_size", block_size, "")):
+        if value is None:
+            raise ValueError(
+                f"{config_file} has no {field!r}{' (' + hint + ')' if hint else ''}: this is not a block-diffusion "
+                f"checkpoint that spot-eval knows. Add {field} to config.json (SDAR uses mask_token_id 151669 and "
+                "block_size 4/8/16/32/64)."
+            )
     fields = {k: v for k, v in raw.items() if k not in _REMOTE_ONLY_FIELDS}
     config = FAMILIES[model_type][0](**fields)
     eos: set[int] = set()
@@ -159,12 +172,14 @@ def read_checkpoint(path: str | Path) -> tuple[PretrainedConfig, CheckpointInfo]
             eos.add(value)
         elif isinstance(value, list):
             eos.update(int(v) for v in value)
+    if not eos and "eos_token" in special:
+        eos.add(special["eos_token"])
     if not eos:
-        raise ValueError(f"{path} declares no eos_token_id in config.json or generation_config.json")
+        raise ValueError(f"{path} declares no eos_token_id in config.json or generation_config.json, and its tokenizer no eos_token")
     info = CheckpointInfo(
         path=str(path),
-        mask_id=int(raw["mask_token_id"]),
-        block_size=int(raw["block_size"]),
+        mask_id=int(mask_id),
+        block_size=int(block_size),
         eos_ids=frozenset(eos),
         max_positions=int(config.max_position_embeddings),
         vocab_size=int(config.vocab_size),
@@ -172,6 +187,26 @@ def read_checkpoint(path: str | Path) -> tuple[PretrainedConfig, CheckpointInfo]
     if not 0 <= info.mask_id < info.vocab_size:
         raise ValueError(f"{config_file}: mask_token_id {info.mask_id} is outside the vocabulary (size {info.vocab_size})")
     return config, info
+
+
+def _special_tokens(path: Path) -> dict[str, int]:
+    """The ids of tokenizer_config.json's mask_token and eos_token, looked up in the added tokens of
+    tokenizer_config.json (older files) and tokenizer.json (read without loading the tokenizer); {}
+    where there are none."""
+    config_file, tokenizer_file = path / "tokenizer_config.json", path / "tokenizer.json"
+    if not config_file.is_file():
+        return {}
+    raw = json.loads(config_file.read_text())
+    ids = {entry.get("content"): int(i) for i, entry in (raw.get("added_tokens_decoder") or {}).items() if isinstance(entry, dict)}
+    if tokenizer_file.is_file():
+        ids |= {entry["content"]: int(entry["id"]) for entry in json.loads(tokenizer_file.read_text()).get("added_tokens", [])}
+    found = {}
+    for name in ("mask_token", "eos_token"):
+        token = raw.get(name)
+        token = token.get("content") if isinstance(token, dict) else token
+        if token in ids:
+            found[name] = ids[token]
+    return found
 
 
 class SDARTarget:
