@@ -21,7 +21,7 @@ import torch
 from transformers import DynamicCache, Qwen3Config, Qwen3ForCausalLM
 
 from spot import DecodeConfig, generate
-from spot.targets import SDARTarget
+from spot.targets import BlockCausalTarget
 
 
 def model_5m(vocab: int = 4096) -> Qwen3ForCausalLM:
@@ -81,7 +81,7 @@ def main() -> None:
     torch.set_grad_enabled(False)
     model = model_5m().to(device)
     k = args.block
-    target = SDARTarget(model, mask_id=model.config.vocab_size - 1, eos_ids=frozenset(), block_length=k)
+    target = BlockCausalTarget(model, mask_id=model.config.vocab_size - 1, eos_ids=frozenset(), block_length=k)
     prompt = (torch.arange(args.prompt) % 1000).tolist()
     config = DecodeConfig(block_length=k, gen_length=args.gen)
 

@@ -21,14 +21,14 @@ from pathlib import Path
 import torch
 from transformers import Qwen3ForCausalLM
 
-from spot.targets import SDARTarget, read_checkpoint
+from spot.targets import BlockCausalTarget, read_checkpoint
 from spot_eval.checkpoints.shipped import EMBEDDED_TARGET
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 SDAR_8B = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "sdar-8b-chat"
 
 
-def sdar_shaped(device: str, dtype: torch.dtype, layers: int | None, divisor: int, block: int) -> tuple[SDARTarget, dict]:
+def sdar_shaped(device: str, dtype: torch.dtype, layers: int | None, divisor: int, block: int) -> tuple[BlockCausalTarget, dict]:
     """SDAR-8B-Chat's architecture with random weights (seeded), optionally fewer layers and narrower."""
     config, info = read_checkpoint(SDAR_8B)
     if layers is not None:
@@ -42,10 +42,10 @@ def sdar_shaped(device: str, dtype: torch.dtype, layers: int | None, divisor: in
         model = Qwen3ForCausalLM(config).to(dtype)
     shape = {k: getattr(config, k) for k in ("num_hidden_layers", "hidden_size", "intermediate_size",
                                               "num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size")}
-    return SDARTarget(model, info.mask_id, info.eos_ids, block, name="sdar-8b-shaped"), shape
+    return BlockCausalTarget(model, info.mask_id, info.eos_ids, block, name="sdar-8b-shaped"), shape
 
 
-def seconds(target: SDARTarget, prefix: torch.Tensor, pieces: torch.Tensor, repeats: int) -> float:
+def seconds(target: BlockCausalTarget, prefix: torch.Tensor, pieces: torch.Tensor, repeats: int) -> float:
     times = []
     for _ in range(repeats + 1):  # the first is a warm-up
         target.start(prefix)
@@ -71,10 +71,10 @@ def main() -> None:
     torch.set_grad_enabled(False)
     dtype = DTYPES[args.dtype]
     if args.model == "embedded":
-        packed, shape = SDARTarget.from_pretrained(EMBEDDED_TARGET, device=args.device, dtype=dtype), {}
+        packed, shape = BlockCausalTarget.from_pretrained(EMBEDDED_TARGET, device=args.device, dtype=dtype), {}
     else:
         packed, shape = sdar_shaped(args.device, dtype, args.layers, args.width_divisor, args.block)
-    exact = SDARTarget(packed.model, packed.mask_id, packed.eos_ids, packed.block_length, packed.tokenizer, packed.name, exact=True)
+    exact = BlockCausalTarget(packed.model, packed.mask_id, packed.eos_ids, packed.block_length, packed.tokenizer, packed.name, exact=True)
     k = packed.block_length
     context = args.context // k * k
     g = torch.Generator().manual_seed(0)

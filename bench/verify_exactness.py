@@ -28,7 +28,7 @@ import torch
 from spot import DecodeConfig, Sampling, generate
 from spot.noise import gumbel, step_key
 from spot.policy import Margins, decide
-from spot.targets import SDARTarget
+from spot.targets import BlockCausalTarget
 from spot_eval.checkpoints.shipped import EMBEDDED_TARGET
 from spot_eval.checkpoints.target import encode_prompt
 from spot_eval.data.datasets import load
@@ -38,7 +38,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 POLICIES = ("single", "threshold")
 
 
-def contexts(target: SDARTarget, prompts: int, gen: int) -> list[tuple[torch.Tensor, int, torch.Tensor]]:
+def contexts(target: BlockCausalTarget, prompts: int, gen: int) -> list[tuple[torch.Tensor, int, torch.Tensor]]:
     """(prefix [L], block index, the block's states [S, K]) for every block of every trajectory."""
     k, out = target.block_length, []
     for doc in load("gsm8k_test")[:prompts]:
@@ -52,14 +52,14 @@ def contexts(target: SDARTarget, prompts: int, gen: int) -> list[tuple[torch.Ten
     return out
 
 
-def scored_alone(target: SDARTarget, prefix: torch.Tensor, states: torch.Tensor, start: int) -> torch.Tensor:
+def scored_alone(target: BlockCausalTarget, prefix: torch.Tensor, states: torch.Tensor, start: int) -> torch.Tensor:
     """[P, K, V]: each state's logits from a one-piece verify with `prefix` cached."""
     target.start(prefix)
     target.verify(states[:1], start)  # the prefix's KV rides along here; the cache holds it from now on
     return torch.stack([target.verify(states[r : r + 1], start)[0] for r in range(len(states))])
 
 
-def compare(target: SDARTarget, cases, pieces: int, configs: dict[str, DecodeConfig], noise_key) -> list[dict]:
+def compare(target: BlockCausalTarget, cases, pieces: int, configs: dict[str, DecodeConfig], noise_key) -> list[dict]:
     worst, n = 0.0, 0
     flips: dict[str, list[tuple[float, Margins]]] = {policy: [] for policy in configs}
     k, mask = target.block_length, target.mask_id
@@ -92,7 +92,7 @@ def compare(target: SDARTarget, cases, pieces: int, configs: dict[str, DecodeCon
     return rows
 
 
-def verify_seconds(targets: dict[str, SDARTarget], case, pieces: int, repeats: int) -> dict[str, float]:
+def verify_seconds(targets: dict[str, BlockCausalTarget], case, pieces: int, repeats: int) -> dict[str, float]:
     prefix, block, states = case
     packed = states[torch.arange(pieces) % len(states)]
     times: dict[str, list[float]] = {name: [] for name in targets}
@@ -121,8 +121,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=7, help="timed verifies per layout and P")
     args = parser.parse_args()
     torch.set_grad_enabled(False)
-    exact = SDARTarget.from_pretrained(args.target, device=args.device, dtype=DTYPES[args.dtype], exact=True)
-    packed = SDARTarget(exact.model, exact.mask_id, exact.eos_ids, exact.block_length, exact.tokenizer, exact.name)
+    exact = BlockCausalTarget.from_pretrained(args.target, device=args.device, dtype=DTYPES[args.dtype], exact=True)
+    packed = BlockCausalTarget(exact.model, exact.mask_id, exact.eos_ids, exact.block_length, exact.tokenizer, exact.name)
     targets = {"default": packed, "exact": exact}
     cases = contexts(exact, args.prompts, args.gen)
     sampling = Sampling(temperature=args.temperature)

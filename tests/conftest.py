@@ -18,7 +18,7 @@ from transformers import (
     Qwen3MoeForCausalLM,
 )
 
-from spot.targets.sdar import SDARTarget
+from spot.targets.block_causal import BlockCausalTarget
 
 VOCAB = 64
 MASK_ID = 63
@@ -65,9 +65,9 @@ def tiny_qwen3_moe(seed: int = 0, vocab: int = VOCAB, hidden: int = 32, layers: 
 
 def tiny_target(
     block_length: int = 16, seed: int = 0, eos_ids=frozenset({EOS_ID}), dtype: torch.dtype = torch.float32, exact: bool = False
-) -> SDARTarget:
+) -> BlockCausalTarget:
     model = tiny_qwen3(seed).to(dtype)
-    return SDARTarget(model, mask_id=MASK_ID, eos_ids=eos_ids, block_length=block_length, exact=exact)
+    return BlockCausalTarget(model, mask_id=MASK_ID, eos_ids=eos_ids, block_length=block_length, exact=exact)
 
 
 def write_checkpoint(
@@ -108,5 +108,5 @@ def one_thread():
 
 
 @pytest.fixture
-def target16() -> SDARTarget:
+def target16() -> BlockCausalTarget:
     return tiny_target(16)

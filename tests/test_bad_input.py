@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from conftest import write_checkpoint
 
-from spot.targets.sdar import SDARTarget
+from spot.targets.block_causal import BlockCausalTarget
 from spot_eval.checkpoints.shipped import shipped_drafter
 from spot_eval.cli import main
 from spot_eval.harness import lm
@@ -37,7 +37,7 @@ def no_load(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("the model loaded before the bad input was found")
 
-    monkeypatch.setattr(SDARTarget, "from_pretrained", refuse)
+    monkeypatch.setattr(BlockCausalTarget, "from_pretrained", refuse)
     monkeypatch.setattr(lm, "open_tracker", refuse)
 
 

@@ -18,7 +18,7 @@ from spot import DecodeConfig, Sampling, generate
 from spot.drafters import AdversarialDrafter, OracleDrafter, RandomDrafter
 from spot.drafters.spiffy import SpiffyDrafter, load_graph
 from spot.drafters.spot import SpotDrafter
-from spot.targets import SDARTarget
+from spot.targets import BlockCausalTarget
 from spot_eval.checkpoints.drafter import load_checkpoint
 from spot_eval.checkpoints.shipped import EMBEDDED_TARGET, shipped_drafter
 from spot_eval.checkpoints.target import encode_prompt
@@ -30,10 +30,10 @@ from spot_eval.harness.lossless import diverge
 DELTA = 0.25
 
 
-def layouts(dtype: torch.dtype) -> tuple[SDARTarget, SDARTarget]:
+def layouts(dtype: torch.dtype) -> tuple[BlockCausalTarget, BlockCausalTarget]:
     """The embedded target in the exact and in the packed layout, on one model."""
-    exact = SDARTarget.from_pretrained(EMBEDDED_TARGET, dtype=dtype, exact=True)
-    packed = SDARTarget(exact.model, exact.mask_id, exact.eos_ids, exact.block_length, exact.tokenizer, exact.name)
+    exact = BlockCausalTarget.from_pretrained(EMBEDDED_TARGET, dtype=dtype, exact=True)
+    packed = BlockCausalTarget(exact.model, exact.mask_id, exact.eos_ids, exact.block_length, exact.tokenizer, exact.name)
     return exact, packed
 
 

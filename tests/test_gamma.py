@@ -15,7 +15,7 @@ from spot.drafters.gamma import fit_gamma, replay_commits
 from spot.drafters.order_examples import ExampleBatch, RecordedBlock, example_index, make_examples
 from spot.drafters.order_model import OrderModel
 from spot.drafters.spot import SpotDrafter, _renormalised
-from spot.targets import SDARTarget
+from spot.targets import BlockCausalTarget
 
 
 def recorded(target, prompts, config):
@@ -28,7 +28,7 @@ def recorded(target, prompts, config):
     return blocks
 
 
-def spied_drafter() -> tuple[SDARTarget, SpotDrafter, list]:
+def spied_drafter() -> tuple[BlockCausalTarget, SpotDrafter, list]:
     """A tiny target and the drafter of a seeded order model whose every call's (feats, buckets) lands in `seen`."""
     target = tiny_target(16, seed=4, eos_ids=frozenset())
     torch.manual_seed(0)

@@ -20,8 +20,9 @@ from spot.drafters import AdversarialDrafter, OracleDrafter, RandomDrafter
 from spot.drafters.order_model import OrderModel
 from spot.drafters.spiffy import SpiffyDrafter
 from spot.drafters.spot import SpotDrafter
+from spot.targets.block_causal import BlockCausalTarget
+from spot.targets.checkpoint import read_checkpoint
 from spot.targets.llada2 import LLaDA2Config, LLaDA2ForCausalLM, LLaDA2Gate
-from spot.targets.sdar import SDARTarget, read_checkpoint
 from spot_eval.checkpoints.drafter import load_checkpoint
 from spot_eval.checkpoints.fingerprint import check_fingerprint, target_fingerprint
 from spot_eval.checkpoints.target import load_target
@@ -103,7 +104,7 @@ def test_a_published_style_directory_loads_with_its_ids_from_the_tokenizer(tmp_p
     path = write_llada2(tmp_path / "llada2", model)
     _, info = read_checkpoint(path)
     assert (info.mask_id, info.eos_ids, info.block_size) == (MASK, frozenset({EOS}), 32)
-    target = SDARTarget.from_pretrained(path)
+    target = BlockCausalTarget.from_pretrained(path)
     assert isinstance(target.model, LLaDA2ForCausalLM) and target.block_length == 32
     # verify's logits are the model's own under LLaDA2.0's block-causal mask (blocks from position 0)
     ids = torch.randint(0, VOCAB - 2, (64,))
@@ -116,7 +117,7 @@ def test_a_published_style_directory_loads_with_its_ids_from_the_tokenizer(tmp_p
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_pieces_score_bit_for_bit_as_one_piece_forwards_in_the_exact_layout(dtype):
-    target = SDARTarget(tiny_llada2(seed=2, dtype=dtype), MASK, frozenset({EOS}), 16, exact=True)
+    target = BlockCausalTarget(tiny_llada2(seed=2, dtype=dtype), MASK, frozenset({EOS}), 16, exact=True)
     prefix = torch.arange(32) % 60
     states = random_states(21, 16, committed=7, seed=5)
     for riding in (True, False):
@@ -136,7 +137,7 @@ def test_pieces_score_bit_for_bit_as_one_piece_forwards_in_the_exact_layout(dtyp
 def test_every_drafter_is_lossless_under_llada2s_commit_rule(temperature):
     """LLaDA2.0's generate: commit every masked position whose confidence is above the threshold when
     at least the scheduled count are, else the scheduled count by confidence (policy `dynamic`)."""
-    target = SDARTarget(tiny_llada2(seed=3), MASK, frozenset({EOS}), 16, exact=True)
+    target = BlockCausalTarget(tiny_llada2(seed=3), MASK, frozenset({EOS}), 16, exact=True)
     prompt = list(range(1, 12))
     for config in (DecodeConfig(policy="dynamic", threshold=0.5, steps=16, block_length=16, gen_length=40,
                                 sampling=Sampling(temperature), seed=4),

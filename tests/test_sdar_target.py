@@ -23,7 +23,9 @@ from spot.drafters import AdversarialDrafter, OracleDrafter, RandomDrafter
 from spot.drafters.order_model import OrderModel
 from spot.drafters.spiffy import SpiffyDrafter
 from spot.drafters.spot import SpotDrafter
-from spot.targets.sdar import SDARRMSNorm, SDARTarget, read_checkpoint
+from spot.targets.block_causal import BlockCausalTarget
+from spot.targets.checkpoint import read_checkpoint
+from spot.targets.sdar import SDARRMSNorm
 from spot_eval.checkpoints.target import load_target, resolve_checkpoint, target_id
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -114,7 +116,7 @@ def test_real_sdar_configs_map_onto_qwen3(name, tmp_path):
 
 def test_a_local_sdar_style_directory_loads_and_decodes(tmp_path):
     path = write_checkpoint(tmp_path / "ckpt")
-    target = SDARTarget.from_pretrained(path)
+    target = BlockCausalTarget.from_pretrained(path)
     assert (target.mask_id, target.block_length, target.eos_ids) == (MASK_ID, 16, {EOS_ID})
     reference = tiny_qwen3()
     ids = torch.arange(20)[None]
@@ -125,33 +127,33 @@ def test_a_local_sdar_style_directory_loads_and_decodes(tmp_path):
 def test_an_sdar_model_type_directory_loads_without_remote_code(tmp_path):
     path = write_checkpoint(tmp_path / "ckpt", {"model_type": "sdar", "architectures": ["SDARForCausalLM"],
                                                 "auto_map": {"AutoConfig": "configuration_sdar.SDARConfig"}})
-    assert SDARTarget.from_pretrained(path).block_length == 16
+    assert BlockCausalTarget.from_pretrained(path).block_length == 16
 
 
 def test_a_directory_without_mask_token_id_is_refused(tmp_path):
     path = write_checkpoint(tmp_path / "ckpt", {"mask_token_id": None})
     with pytest.raises(ValueError, match="has no 'mask_token_id'.*Add mask_token_id to config.json"):
-        SDARTarget.from_pretrained(path)
+        BlockCausalTarget.from_pretrained(path)
 
 
 def test_a_tokenizer_without_the_mask_token_is_refused(tmp_path):
     path = write_checkpoint(tmp_path / "ckpt", tokenizer_vocab=MASK_ID)  # ids 0..62: no token 63
     with pytest.raises(ValueError, match="has no token for mask_token_id 63"):
-        SDARTarget.from_pretrained(path)
+        BlockCausalTarget.from_pretrained(path)
 
 
 def test_a_block_length_that_disagrees_with_the_checkpoint_warns(tmp_path):
     path = write_checkpoint(tmp_path / "ckpt")
     with pytest.warns(UserWarning, match="decode block length 32 differs from the checkpoint's block_size 16"):
-        target = SDARTarget.from_pretrained(path, block_length=32)
+        target = BlockCausalTarget.from_pretrained(path, block_length=32)
     assert target.block_length == 32
     with pytest.raises(ValueError, match="block_length must be >= 1"):
-        SDARTarget.from_pretrained(path, block_length=0)
+        BlockCausalTarget.from_pretrained(path, block_length=0)
 
 
 def test_a_missing_directory_is_named(tmp_path):
     with pytest.raises(FileNotFoundError, match="has no config.json"):
-        SDARTarget.from_pretrained(tmp_path / "nowhere")
+        BlockCausalTarget.from_pretrained(tmp_path / "nowhere")
 
 
 # ---- SDAR as users run it: the MoE models, SDAR's numerics, no spurious warnings, hub ids ----
@@ -167,7 +169,7 @@ def test_an_sdar_moe_checkpoint_loads_into_qwen3_moe_and_every_drafter_is_lossle
     with safe_open(path / "model.safetensors", "pt") as f:  # the per-expert names SDAR-30B-A3B ships
         names = set(f.keys())
     assert {"model.layers.0.mlp.gate.weight", "model.layers.1.mlp.experts.7.down_proj.weight"} <= names
-    target = SDARTarget.from_pretrained(path, exact=exact)
+    target = BlockCausalTarget.from_pretrained(path, exact=exact)
     assert isinstance(target.model, Qwen3MoeForCausalLM)
     ids = torch.arange(20)[None]
     with torch.no_grad():
@@ -203,7 +205,7 @@ def test_sdar_rmsnorm_multiplies_the_weight_in_fp32_and_rounds_once():
 
 
 def test_every_norm_of_a_loaded_target_is_sdars(tmp_path):
-    target = SDARTarget.from_pretrained(write_checkpoint(tmp_path / "ckpt"))
+    target = BlockCausalTarget.from_pretrained(write_checkpoint(tmp_path / "ckpt"))
     norms = [m for m in target.model.modules() if "RMSNorm" in type(m).__name__]
     assert norms and all(isinstance(m, SDARRMSNorm) for m in norms)
     assert len(norms) == 2 * 2 + 2 * 2 + 1  # per layer: input, post-attention, q and k; and the final norm
@@ -219,7 +221,7 @@ def test_an_sdar_directory_loads_without_transformers_warnings(tmp_path, caplog)
     try:
         with caplog.at_level(logging.WARNING, logger="transformers"), warnings.catch_warnings():
             warnings.simplefilter("error")
-            SDARTarget.from_pretrained(path)
+            BlockCausalTarget.from_pretrained(path)
     finally:
         transformers.logging.disable_propagation()
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
@@ -228,7 +230,7 @@ def test_an_sdar_directory_loads_without_transformers_warnings(tmp_path, caplog)
 def test_an_unknown_model_type_is_refused_listing_the_supported_ones(tmp_path):
     path = write_checkpoint(tmp_path / "ckpt", {"model_type": "llada"})
     with pytest.raises(ValueError, match="declares model_type 'llada', which spot-eval does not load; supported: sdar, qwen3, sdar_moe, qwen3_moe, llada2_moe"):
-        SDARTarget.from_pretrained(path)
+        BlockCausalTarget.from_pretrained(path)
 
 
 def hub_cache(home: Path, repo: str, source: Path) -> str:
@@ -265,7 +267,7 @@ def test_a_hub_id_resolves_offline_from_the_cache_and_an_uncached_one_names_the_
 def test_moe_pieces_score_bit_for_bit_as_one_piece_forwards_in_the_exact_layout(dtype):
     """How many tokens each expert gets depends on the other pieces; the exact layout runs every expert on
     its group in fixed chunks (spot.targets.rows), so a piece's logits do not depend on them."""
-    target = SDARTarget(tiny_qwen3_moe(seed=3).to(dtype), MASK_ID, frozenset(), 16, exact=True)
+    target = BlockCausalTarget(tiny_qwen3_moe(seed=3).to(dtype), MASK_ID, frozenset(), 16, exact=True)
     prefix = torch.arange(32) % 60
     states = random_states(21, 16, committed=7, seed=5)
     for pieces in (2, 9, 21):

@@ -17,7 +17,7 @@ from conftest import MASK_ID, tiny_qwen3
 from transformers import AutoTokenizer
 
 from spot import DecodeConfig, generate
-from spot.targets import SDARTarget, read_checkpoint
+from spot.targets import BlockCausalTarget, read_checkpoint
 from spot_eval.checkpoints.shipped import EMBEDDED_TARGET
 from spot_eval.checkpoints.target import encode_prompt
 from spot_eval.data.datasets import load
@@ -100,7 +100,7 @@ def test_masking_touches_answer_positions_only():
 
 
 def test_training_forward_matches_the_decoder():
-    """The x_t logits of the 2L forward equal SDARTarget.verify's logits for the same block state."""
+    """The x_t logits of the 2L forward equal BlockCausalTarget.verify's logits for the same block state."""
     k = 8
     model = tiny_qwen3(seed=1)
     x0 = torch.randint(0, MASK_ID, (1, 3 * k), generator=torch.Generator().manual_seed(0))
@@ -115,7 +115,7 @@ def test_training_forward_matches_the_decoder():
             use_cache=False,
         ).last_hidden_state
         trained = model.lm_head(hidden[0, 2 * k : 3 * k])  # [K, V]
-    target = SDARTarget(model, mask_id=MASK_ID, eos_ids=frozenset({62}), block_length=k)
+    target = BlockCausalTarget(model, mask_id=MASK_ID, eos_ids=frozenset({62}), block_length=k)
     target.start(x0[0, : 2 * k])
     decoded = target.verify(xt[0, 2 * k :][None], 2 * k)[0]
     torch.testing.assert_close(trained, decoded, atol=1e-5, rtol=1e-5)
@@ -127,11 +127,11 @@ def test_training_forward_matches_the_decoder():
 def test_tiny_training_run_is_deterministic_and_decodes(tmp_path):
     logs = [train(TINY, toy_pairs(), tmp_path / name) for name in ("a", "b")]
     assert logs[0]["curve"] == logs[1]["curve"]
-    weights = [SDARTarget.from_pretrained(tmp_path / name).model.state_dict() for name in ("a", "b")]
+    weights = [BlockCausalTarget.from_pretrained(tmp_path / name).model.state_dict() for name in ("a", "b")]
     assert all(torch.equal(weights[0][key], weights[1][key]) for key in weights[0])
 
     assert json.loads((tmp_path / "a" / "training_log.json").read_text())["steps"] == TINY.steps
-    target = SDARTarget.from_pretrained(tmp_path / "a")
+    target = BlockCausalTarget.from_pretrained(tmp_path / "a")
     prompt = target.tokenizer.apply_chat_template(
         [{"role": "user", "content": "What is 3 plus 4?"}], add_generation_prompt=True, tokenize=False
     )
@@ -141,7 +141,7 @@ def test_tiny_training_run_is_deterministic_and_decodes(tmp_path):
     assert result.finish_reason in ("eos", "length") and isinstance(result.text, str)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # block 16 differs from the declared block_size 32, by design
-        target16 = SDARTarget.from_pretrained(tmp_path / "a", block_length=16)
+        target16 = BlockCausalTarget.from_pretrained(tmp_path / "a", block_length=16)
     assert generate(target16, ids, DecodeConfig(block_length=16, gen_length=20)).stats.forwards >= 1
 
 
@@ -166,7 +166,7 @@ def test_shipped_target_loads_offline():
     text = tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
     assert text == "<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n"
 
-    target = SDARTarget.from_pretrained(EMBEDDED_TARGET)
+    target = BlockCausalTarget.from_pretrained(EMBEDDED_TARGET)
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     result = generate(target, ids, DecodeConfig(block_length=32, gen_length=32), decode=tokenizer.decode)
     assert result.stats.forwards >= 1 and isinstance(result.text, str)
@@ -175,7 +175,7 @@ def test_shipped_target_loads_offline():
 def test_shipped_target_answers_in_the_shape_of_its_training_data():
     """GSM8K answers of the training set carry `<<a*b=c>>` calculator annotations; the drafters learn
     the commit orders of such answers, so a retrained target must keep writing them."""
-    target = SDARTarget.from_pretrained(EMBEDDED_TARGET)
+    target = BlockCausalTarget.from_pretrained(EMBEDDED_TARGET)
     tokenizer = target.tokenizer
     texts = []
     for row in load("gsm8k_test")[:3]:

@@ -1,6 +1,7 @@
 """Target adapters: block-diffusion models behind the `Target` protocol."""
 
 from spot.targets.base import Target
-from spot.targets.sdar import CheckpointInfo, SDARTarget, read_checkpoint
+from spot.targets.block_causal import BlockCausalTarget
+from spot.targets.checkpoint import CheckpointInfo, read_checkpoint
 
-__all__ = ["CheckpointInfo", "SDARTarget", "Target", "read_checkpoint"]
+__all__ = ["CheckpointInfo", "BlockCausalTarget", "Target", "read_checkpoint"]

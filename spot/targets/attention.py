@@ -1,6 +1,6 @@
 """Per-piece attention: the exact verify layout, where a piece's logits do not depend on the other pieces.
 
-In the packed layout (spot.targets.sdar) all pieces share one sequence, and a 4D mask hides the
+In the packed layout (spot.targets.block_causal) all pieces share one sequence, and a 4D mask hides the
 other pieces from each one. The hidden keys still pass through the attention kernel's blocked
 reductions, so a state's logits move with the number of pieces and its slot among them (up to
 1.3e-5 in fp32 and 0.125 in bf16 on the embedded target: bench/verify_exactness.py). A near-tie

@@ -48,7 +48,7 @@ from spot.targets.rows import in_chunks
 @strict
 class LLaDA2Config(PreTrainedConfig):
     """The published config.json's fields (LLaDA2.0-mini's values as defaults). It names no mask, EOS
-    or block size: those come from the tokenizer and the model card (spot.targets.sdar.read_checkpoint)."""
+    or block size: those come from the tokenizer and the model card (spot.targets.checkpoint.read_checkpoint)."""
 
     model_type = "llada2_moe"
 

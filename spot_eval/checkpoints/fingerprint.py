@@ -11,7 +11,7 @@ import hashlib
 import json
 from pathlib import Path
 
-from spot.targets.sdar import SDARTarget
+from spot.targets.block_causal import BlockCausalTarget
 
 # What must agree between a drafter and the target it drafts for; "model" (the directory name) is
 # informational, so a copied or renamed target directory still matches.
@@ -44,14 +44,14 @@ def weights_digest(directory: Path) -> str:
     return digest.hexdigest()
 
 
-def target_fingerprint(target: SDARTarget, policy: str) -> dict:
+def target_fingerprint(target: BlockCausalTarget, policy: str) -> dict:
     """The identity of (target, block length, commit policy) that trajectories and drafters carry."""
     directory = Path(target.name)
     tokenizer = directory / "tokenizer.json"
     if not target.name or not tokenizer.is_file():
         raise ValueError(
             f"cannot fingerprint target {target.name!r}: load it from a model directory with a tokenizer.json "
-            "(SDARTarget.from_pretrained)"
+            "(BlockCausalTarget.from_pretrained)"
         )
     return {
         "model": directory.resolve().name,

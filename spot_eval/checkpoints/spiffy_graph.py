@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 from spot.drafters.spiffy import SpiffyGraph, graph_to_dict, load_graph
-from spot.targets import SDARTarget
+from spot.targets import BlockCausalTarget
 from spot_eval.checkpoints.fingerprint import check_fingerprint, target_fingerprint
 from spot_eval.checkpoints.shipped import shipped_drafter
 
@@ -29,7 +29,7 @@ def write_graph(path: str | Path, graph: SpiffyGraph) -> None:
     os.replace(tmp, path)
 
 
-def graph_for_target(model: SDARTarget, policy: str, path: str | Path | None = None) -> SpiffyGraph:
+def graph_for_target(model: BlockCausalTarget, policy: str, path: str | Path | None = None) -> SpiffyGraph:
     """Load a graph (default: the shipped one for the model's block length) and check that it was
     calibrated for this target, block length and policy."""
     path = shipped_drafter("spiffy", model.block_length) if path is None else Path(path)

@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from spot import DecodeConfig, Sampling, generate
-from spot.targets import SDARTarget
+from spot.targets import BlockCausalTarget
 from spot_eval.checkpoints.fingerprint import target_fingerprint
 from spot_eval.checkpoints.target import encode_prompt, load_target
 from spot_eval.training.corpus import SOURCES, Pair, training_pairs
@@ -161,7 +161,7 @@ class ShardDecoder:
     settings: CollectSettings
     policy: str
 
-    def __call__(self, model: SDARTarget, first: int, count: int) -> DecodedShard:
+    def __call__(self, model: BlockCausalTarget, first: int, count: int) -> DecodedShard:
         s, k = self.settings, model.block_length
         records: list[BlockRecord] = []
         requests = skipped = 0
@@ -208,7 +208,7 @@ def _decode_shards(todo, decoder, model, target, block_length, device, dtype, wo
             yield *jobs[job], shard, seconds
 
 
-_WORKER: tuple[SDARTarget, ShardDecoder] | None = None
+_WORKER: tuple[BlockCausalTarget, ShardDecoder] | None = None
 
 
 def _start_worker(target: str, block_length: int | None, device: str, dtype, threads: int, decoder: ShardDecoder) -> None:

@@ -1,7 +1,7 @@
 """Train the project's embedded target: a tiny SDAR-architecture block-diffusion LM and its tokenizer.
 
 The target is a plain `Qwen3ForCausalLM` trained with the SDAR / BD3-LM block-diffusion objective,
-so `spot.targets.SDARTarget` decodes it exactly as it decodes a real SDAR checkpoint: the logits at
+so `spot.targets.BlockCausalTarget` decodes it exactly as it decodes a real SDAR checkpoint: the logits at
 a block position predict the token at that same position (no shift), with clean earlier blocks
 visible and bidirectional attention inside the block.
 

@@ -1,0 +1,193 @@
+"""Block-causal targets with an exact prefix cache: SDAR (transformers' Qwen3 / Qwen3-MoE with SDAR's
+numerics, spot.targets.sdar) and LLaDA2.0 (spot.targets.llada2), selected by config.json's
+model_type (spot.targets.checkpoint). Attention is block-causal from position 0, so the KV of a
+completed block never changes. The attention pattern reaches the model only as an explicit 4D
+boolean mask argument (True = may attend):
+
+    rows of the pending prefix  -> the cache, and pending columns of the same or an earlier block
+    rows of piece r             -> the cache, the whole pending prefix, and piece r itself
+
+"Pending" holds completed blocks (the prompt's complete blocks, then each finished block) whose
+KV has not been computed yet: appending them rides along with the next verify forward instead of
+costing a forward of its own. The KV of the pieces is never kept: after each forward the cache is
+cropped back to the completed blocks.
+
+With `exact=True` the same rows go through the model, but attention follows `PieceLayout`
+(spot.targets.attention): each piece attends to exactly what it may see, in a batch of its own, so
+its logits equal those of a one-piece forward of its state bit for bit, in any dtype. Without it,
+the masked-out pieces still take part in the attention kernel's reductions, and a state's logits
+move by rounding with the piece count (bench/verify_exactness.py).
+"""
+
+from __future__ import annotations
+
+import os
+import types
+import warnings
+from pathlib import Path
+
+import torch
+from transformers import AutoTokenizer, DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
+from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeExperts
+
+from spot.targets.attention import PIECES, PieceLayout
+from spot.targets.checkpoint import FAMILIES, read_checkpoint
+from spot.targets.sdar import row_invariant_experts, use_sdar_norms
+
+SAFE_FRACTION = 0.5  # of the free memory one verify may plan to use: the estimate leaves out temporaries
+
+
+class BlockCausalTarget:
+    """A block-diffusion target over a transformers-style causal LM (see the module docstring)."""
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        mask_id: int,
+        eos_ids: frozenset[int],
+        block_length: int,
+        tokenizer: PreTrainedTokenizerBase | None = None,
+        name: str = "",
+        exact: bool = False,
+    ) -> None:
+        if block_length < 1:
+            raise ValueError(f"block_length must be >= 1, got {block_length}")
+        self.exact = exact
+        if exact:
+            model.set_attn_implementation(PIECES)
+            for module in model.modules():
+                if isinstance(module, Qwen3MoeExperts):
+                    module.forward = types.MethodType(row_invariant_experts, module)
+        use_sdar_norms(model)
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.name = name
+        self.mask_id = mask_id
+        self.eos_ids = frozenset(eos_ids)
+        self.block_length = block_length
+        self.vocab_size = int(model.config.vocab_size)
+        self.max_positions = int(model.config.max_position_embeddings)
+        self.device = next(model.parameters()).device
+        self.forwards = 0
+        self._cache = DynamicCache(config=model.config)
+        self._pending = torch.empty(0, dtype=torch.long, device=self.device)  # [Lp]
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        path: str | Path,
+        block_length: int | None = None,
+        device: str | torch.device = "cpu",
+        dtype: torch.dtype = torch.float32,
+        attn_implementation: str = "sdpa",
+        trust_remote_code: bool = False,
+        exact: bool = False,
+    ) -> BlockCausalTarget:
+        """Load a local SDAR-style checkpoint directory (weights, tokenizer, ids, block size).
+
+        exact: verify in the per-piece layout (the class docstring), whatever `attn_implementation` says."""
+        if block_length is not None and block_length < 1:
+            raise ValueError(f"block_length must be >= 1, got {block_length}")
+        config, info = read_checkpoint(path)
+        block_length = info.block_size if block_length is None else block_length
+        if block_length != info.block_size:
+            warnings.warn(
+                f"decode block length {block_length} differs from the checkpoint's block_size {info.block_size} "
+                f"({path}); the target was trained for {info.block_size}-token blocks",
+                stacklevel=2,
+            )
+        # Our config, not the directory's model_type (sdar): transformers would warn that it does not know it.
+        tokenizer = AutoTokenizer.from_pretrained(str(path), config=config, trust_remote_code=trust_remote_code)
+        if tokenizer.convert_ids_to_tokens(info.mask_id) is None:
+            raise ValueError(
+                f"the tokenizer in {path} has no token for mask_token_id {info.mask_id}; "
+                "add the mask token to the tokenizer (SDAR: <|MASK|>)"
+            )
+        model_class = next(m for c, m in FAMILIES.values() if type(config) is c)
+        model = model_class.from_pretrained(str(path), config=config, dtype=dtype, attn_implementation=attn_implementation).to(device)
+        return cls(model, info.mask_id, info.eos_ids, block_length, tokenizer=tokenizer, name=str(path), exact=exact)
+
+    # -- the Target protocol ----------------------------------------------------------------------
+
+    def start(self, prefix: torch.Tensor) -> None:
+        if prefix.numel() % self.block_length:
+            raise ValueError(f"prefix length {prefix.numel()} is not a multiple of the block length {self.block_length}")
+        self._cache = DynamicCache(config=self.model.config)
+        self._pending = prefix.to(self.device, torch.long)
+
+    def commit(self, block: torch.Tensor) -> None:
+        self._pending = torch.cat([self._pending, block.to(self.device, torch.long)])
+
+    @torch.inference_mode()
+    def verify(self, pieces: torch.Tensor, start: int) -> torch.Tensor:
+        n_pieces, k = pieces.shape  # [P, K]
+        cached = self._cache.get_seq_length()
+        n_pending = self._pending.numel()
+        if cached + n_pending != start:
+            raise RuntimeError(f"active block starts at {start} but the cache and pending blocks end at {cached + n_pending}")
+        if start + k > self.max_positions:
+            raise ValueError(f"block ending at position {start + k} exceeds the model's {self.max_positions} positions")
+        input_ids = torch.cat([self._pending, pieces.to(self.device).reshape(-1)])[None]  # [1, Lp + P*K]
+        positions = torch.cat(
+            [torch.arange(cached, start, device=self.device), torch.arange(start, start + k, device=self.device).repeat(n_pieces)]
+        )[None]  # [1, Lp + P*K]
+        if self.exact:
+            layout = PieceLayout(cached, n_pending, n_pieces, k, self._pending_mask(cached, n_pending))
+            attention = {"attention_mask": None, "piece_layout": layout}
+        else:
+            attention = {"attention_mask": self._mask(cached, n_pending, n_pieces)}  # [1, 1, Lp + P*K, cached + Lp + P*K]
+        hidden = self.model.model(
+            input_ids=input_ids, position_ids=positions, cache=self._cache, use_cache=True, **attention
+        ).last_hidden_state  # [1, Lp + P*K, d]
+        logits = self.model.lm_head(hidden[0, n_pending:]).view(n_pieces, k, -1)  # [P, K, V]
+        self._cache.crop(-(n_pieces * k))  # keep the completed blocks only
+        self._pending = self._pending[:0]
+        self.forwards += 1
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)  # so that callers time the forward, not its launch
+        return logits.float()
+
+    def max_pieces(self, context: int) -> int:
+        config = self.model.config
+        element = next(self.model.parameters()).element_size()
+        kv_per_token = 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * element
+        per_position = (
+            self.vocab_size * (element + 4)  # logits, and their float32 copy
+            + config.num_attention_heads * (context + self.block_length) * 4  # one layer's attention scores (math path)
+            + 4 * config.intermediate_size * element  # one layer's MLP activations
+            + kv_per_token  # the pieces' keys and values, cached until the crop
+        )
+        return int(SAFE_FRACTION * self._free_bytes() // (self.block_length * per_position))
+
+    def _free_bytes(self) -> int:
+        if self.device.type == "cuda":
+            return torch.cuda.mem_get_info(self.device)[0]
+        try:
+            meminfo = Path("/proc/meminfo").read_text()
+            return int(next(line.split()[1] for line in meminfo.splitlines() if line.startswith("MemAvailable:"))) * 1024
+        except (OSError, StopIteration):
+            return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+    def _pending_mask(self, cached: int, n_pending: int) -> torch.Tensor | None:
+        """[Lp, cached + Lp]: a pending row sees the cache and the pending rows of its own or an earlier block."""
+        if n_pending == 0:
+            return None
+        block = torch.arange(cached, cached + n_pending, device=self.device) // self.block_length  # [Lp]
+        cache_visible = torch.ones(n_pending, cached, dtype=torch.bool, device=self.device)
+        return torch.cat([cache_visible, block[None, :] <= block[:, None]], dim=1)
+
+    def _mask(self, cached: int, n_pending: int, n_pieces: int) -> torch.Tensor:
+        """[1, 1, Lp + P*K, cached + Lp + P*K], the packed layout: pending rows as `_pending_mask`;
+        piece rows see the cache, the whole pending prefix and their own piece, never another piece."""
+        n = n_pieces * self.block_length
+        piece_id = torch.arange(n_pieces, device=self.device).repeat_interleave(self.block_length)  # [P*K]
+        piece_rows = torch.cat(
+            [torch.ones(n, cached + n_pending, dtype=torch.bool, device=self.device), piece_id[:, None] == piece_id[None, :]],
+            dim=1,
+        )  # [P*K, cached + Lp + P*K]
+        if n_pending == 0:
+            return piece_rows[None, None]
+        pending_rows = torch.cat(
+            [self._pending_mask(cached, n_pending), torch.zeros(n_pending, n, dtype=torch.bool, device=self.device)], dim=1
+        )  # [Lp, cached + Lp + P*K]
+        return torch.cat([pending_rows, piece_rows])[None, None]

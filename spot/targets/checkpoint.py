@@ -1,0 +1,128 @@
+"""Reading a block-diffusion checkpoint directory: which transformers-style classes hold its weights
+(by config.json's model_type, never by name), and its mask and EOS ids and block size."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from transformers import (
+    PretrainedConfig,
+    PreTrainedModel,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+    Qwen3MoeConfig,
+    Qwen3MoeForCausalLM,
+)
+
+from spot.targets.llada2 import LLaDA2Config, LLaDA2ForCausalLM
+
+# Fields of SDAR's config.json that only its remote code reads.
+_REMOTE_ONLY_FIELDS = ("auto_map", "architectures", "attn_implementation", "model_type")
+# config.json's model_type -> the transformers classes that hold its weights (same names, no remote code).
+FAMILIES: dict[str, tuple[type[PretrainedConfig], type[PreTrainedModel]]] = {
+    "sdar": (Qwen3Config, Qwen3ForCausalLM),
+    "qwen3": (Qwen3Config, Qwen3ForCausalLM),
+    "sdar_moe": (Qwen3MoeConfig, Qwen3MoeForCausalLM),
+    "qwen3_moe": (Qwen3MoeConfig, Qwen3MoeForCausalLM),
+    "llada2_moe": (LLaDA2Config, LLaDA2ForCausalLM),
+}
+# The block size of a family whose config.json names none: LLaDA2.0's model card and reference
+# generate decode in blocks of 32 [SRC: inclusionAI/LLaDA2.0-mini; SGLang's DllmConfig agrees].
+BLOCK_SIZES = {"llada2_moe": 32}
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """What a checkpoint directory says about itself."""
+
+    path: str
+    mask_id: int
+    block_size: int  # the block length the checkpoint was trained with
+    eos_ids: frozenset[int]
+    max_positions: int
+    vocab_size: int
+
+
+def read_checkpoint(path: str | Path) -> tuple[PretrainedConfig, CheckpointInfo]:
+    """Map a block-diffusion checkpoint's config.json to a plain config of the transformers-style class
+    that holds its weights, by its model_type (`FAMILIES`): SDAR (dense `sdar`, MoE `sdar_moe`, or an
+    SDAR-style Qwen3 one) and LLaDA2.0 (`llada2_moe`).
+
+    The mask and EOS ids come from config.json (and generation_config.json) where it names them, else
+    from the tokenizer's own special tokens (LLaDA2.0's config.json names neither); the block size
+    from config.json, else the family's published one (`BLOCK_SIZES`).
+
+    Raises:
+        FileNotFoundError / ValueError with a message naming the directory and the missing field.
+    """
+    path = Path(path)
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        raise FileNotFoundError(f"{path} is not a model directory: it has no config.json")
+    raw = json.loads(config_file.read_text())
+    model_type = raw.get("model_type", "qwen3")
+    if model_type not in FAMILIES:
+        raise ValueError(
+            f"{config_file} declares model_type {model_type!r}, which spot-eval does not load; "
+            f"supported: {', '.join(FAMILIES)}"
+        )
+    special = _special_tokens(path)
+    mask_id = raw.get("mask_token_id", special.get("mask_token"))
+    block_size = raw.get("block_size", BLOCK_SIZES.get(model_type))
+    for field, value, hint in (("mask_token_id", mask_id, "or a mask_token in tokenizer_config.json"),
+                               ("block_size", block_size, "")):
+        if value is None:
+            raise ValueError(
+                f"{config_file} has no {field!r}{' (' + hint + ')' if hint else ''}: this is not a block-diffusion "
+                f"checkpoint that spot-eval knows. Add {field} to config.json (SDAR uses mask_token_id 151669 and "
+                "block_size 4/8/16/32/64)."
+            )
+    fields = {k: v for k, v in raw.items() if k not in _REMOTE_ONLY_FIELDS}
+    config = FAMILIES[model_type][0](**fields)
+    eos: set[int] = set()
+    generation_file = path / "generation_config.json"
+    sources = [raw.get("eos_token_id")]
+    if generation_file.is_file():
+        sources.append(json.loads(generation_file.read_text()).get("eos_token_id"))
+    for value in sources:
+        if isinstance(value, int):
+            eos.add(value)
+        elif isinstance(value, list):
+            eos.update(int(v) for v in value)
+    if not eos and "eos_token" in special:
+        eos.add(special["eos_token"])
+    if not eos:
+        raise ValueError(f"{path} declares no eos_token_id in config.json or generation_config.json, and its tokenizer no eos_token")
+    info = CheckpointInfo(
+        path=str(path),
+        mask_id=int(mask_id),
+        block_size=int(block_size),
+        eos_ids=frozenset(eos),
+        max_positions=int(config.max_position_embeddings),
+        vocab_size=int(config.vocab_size),
+    )
+    if not 0 <= info.mask_id < info.vocab_size:
+        raise ValueError(f"{config_file}: mask_token_id {info.mask_id} is outside the vocabulary (size {info.vocab_size})")
+    return config, info
+
+
+def _special_tokens(path: Path) -> dict[str, int]:
+    """The ids of tokenizer_config.json's mask_token and eos_token, looked up in the added tokens of
+    tokenizer_config.json (older files) and tokenizer.json (read without loading the tokenizer); {}
+    where there are none."""
+    config_file, tokenizer_file = path / "tokenizer_config.json", path / "tokenizer.json"
+    if not config_file.is_file():
+        return {}
+    raw = json.loads(config_file.read_text())
+    ids = {entry.get("content"): int(i) for i, entry in (raw.get("added_tokens_decoder") or {}).items() if isinstance(entry, dict)}
+    if tokenizer_file.is_file():
+        ids |= {entry["content"]: int(entry["id"]) for entry in json.loads(tokenizer_file.read_text()).get("added_tokens", [])}
+    found = {}
+    for name in ("mask_token", "eos_token"):
+        token = raw.get(name)
+        token = token.get("content") if isinstance(token, dict) else token
+        if token in ids:
+            found[name] = ids[token]
+    return found
