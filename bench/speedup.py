@@ -5,7 +5,8 @@ Every prompt is decoded draft-free and by every method in one process, interleav
 are of sums over the same prompts: forwards(draft-free) / forwards(method) and seconds(draft-free)
 / seconds(method). Each method's tokens are checked against draft-free (lossless must be 1.0).
 With several seeds the JSON gives mean and std over seeds. `spot@auto` sizes every tree by this
-machine's verify-cost profile (measured once, cached; spot_eval.harness.profile), and the mean tree
+machine's verify-cost profile (measured once, cached; spot_eval.harness.profile), refitted to the
+timings decoding measures after every prompt as `lm_eval --model spot` does, and the mean tree
 size (draft nodes per verify forward) is reported for every method. Prints one JSON line (a table
 on stderr).
 
@@ -29,7 +30,7 @@ from spot_eval.checkpoints.shipped import EMBEDDED_TARGET
 from spot_eval.checkpoints.target import encode_prompt, load_target
 from spot_eval.data.datasets import load, mbpp_split
 from spot_eval.harness.methods import build_drafter, parse_methods
-from spot_eval.harness.profile import auto_sizing, verify_profile
+from spot_eval.harness.profile import Refitted, auto_sizing, verify_profile
 from spot_eval.reports.results import summarize
 
 PROMPT_FIELDS = {"gsm8k_test": "question", "math500_test": "problem", "humaneval_test": "prompt"}
@@ -46,8 +47,8 @@ def run_seed(target, prompts: list[list[int]], config: DecodeConfig, specs, seed
     config = replace(config, seed=seed)
     drafters = {s.label: build_drafter(s, target, config.policy) for s in specs}
     profile = verify_profile(target) if any(s.auto for s in specs) else None
-    sizings = {s.label: auto_sizing(target, drafters[s.label], replace(config, budget=s.budget), profile)
-               for s in specs if s.auto}
+    sizings = {s.label: Refitted(auto_sizing(target, drafters[s.label], replace(config, budget=s.budget), profile))
+               for s in specs if s.auto}  # refitted to decoding's timings after every prompt, as lm_eval runs it
     rows = []
     for i, ids in enumerate(prompts):
         labels = ["draft_free", *drafters]
@@ -56,7 +57,10 @@ def run_seed(target, prompts: list[list[int]], config: DecodeConfig, specs, seed
         for label in labels:
             spec = next((s for s in specs if s.label == label), None)
             cfg = config if spec is None else replace(config, budget=spec.budget)
-            results[label] = generate(target, ids, cfg, drafter=drafters.get(label), request=i, sizing=sizings.get(label))
+            auto = sizings.get(label)
+            results[label] = generate(target, ids, cfg, drafter=drafters.get(label), request=i, sizing=auto and auto.sizing)
+            if auto:
+                auto.observe(results[label].stats)
         for label, g in results.items():
             s = g.stats
             rows.append({

@@ -27,7 +27,7 @@ from spot.config import DecodeConfig
 from spot.drafters.base import DraftContext, Drafter
 from spot.noise import gumbel, step_key
 from spot.policy import Proposal, decide, topk_logprobs
-from spot.sizing import Plan, Sizing
+from spot.sizing import ForwardTiming, Plan, Sizing
 from spot.stopping import cut_at_stop
 from spot.targets.base import Target
 from spot.tree import DraftTree
@@ -61,6 +61,7 @@ class DecodeStats:
     seconds: float
     target_seconds: float
     drafter_seconds: float
+    timings: tuple[ForwardTiming, ...] = ()  # every verify forward (budget=auto refits its costs by them)
 
     @property
     def other_seconds(self) -> float:
@@ -85,6 +86,7 @@ class _Clock:
     def __init__(self) -> None:
         self.target = 0.0
         self.drafter = 0.0
+        self.timings: list[ForwardTiming] = []
 
 
 def finished(state: torch.Tensor, lo: int, hi: int, mask_id: int, eos_ids: frozenset[int]) -> bool:
@@ -183,6 +185,7 @@ def generate(
         seconds=time.perf_counter() - t0,
         target_seconds=clock.target,
         drafter_seconds=clock.drafter,
+        timings=tuple(clock.timings),
     )
     return Generation(tuple(out), text, finish, stats, tuple(traces) if record else None)
 
@@ -229,11 +232,14 @@ def _decode_block(target, state, start, block, lo, hi, config, drafter, request,
         step = len(states) - 1
         tree = DraftTree.root_only(state)
         budget = config.budget if stale is None else plan.nodes
+        drafted, draft_seconds = 0, 0.0
         if budget > 0:
             t = time.perf_counter()
             ctx = DraftContext(state, stale, stale_state, prior, config, mask_id, request, block, step, budget, step_noise, plan.mode)
             tree = drafter.draft(ctx)
-            clock.drafter += time.perf_counter() - t
+            draft_seconds = time.perf_counter() - t
+            clock.drafter += draft_seconds
+            drafted = tree.size
             if tree.size > budget or not torch.equal(tree.states[0].cpu(), state.cpu()):
                 raise RuntimeError(f"drafter {drafter.name!r} returned {tree.size} nodes for budget {budget} or a foreign root")
             if sizing is not None and tree.size:
@@ -243,7 +249,9 @@ def _decode_block(target, state, start, block, lo, hi, config, drafter, request,
                 tree = tree.prefix(sizing.size(tree.reach[1:], start))
         t = time.perf_counter()
         logits = target.verify(tree.states, start)  # [N + 1, K, V]
-        clock.target += time.perf_counter() - t
+        verify_seconds = time.perf_counter() - t
+        clock.target += verify_seconds
+        clock.timings.append(ForwardTiming(tree.size + 1, start, verify_seconds, drafted, plan.mode if drafted else None, draft_seconds))
         # One sum is finite exactly when every logit is (accumulated in fp32: fp16 sums overflow), at a
         # twentieth of the cost of isfinite(logits).all(), which took 3% of a draft-free step on the CPU.
         if not bool(torch.isfinite(logits.sum(dtype=torch.float32))):

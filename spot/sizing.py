@@ -14,14 +14,22 @@ decisions per step:
 2. How many of them to verify? Once drafted, the drafter's time is spent: verify the best-first
    prefix of n nodes, n = 0 included, that maximises (1 + r_1 + ... + r_n) / c(n + 1, L).
 
+The probe that measures c and d runs outside decoding, and on this project's CPU it came out a few
+percent optimistic against the same costs inside decoding, where drafting's margins are that thin.
+So the costs are refitted to what decoding measures (`refit`, from the engine's `ForwardTiming`s):
+the harness does it between requests, so every request decides with fixed inputs.
+
 Verification is unchanged, so whatever size is chosen the output is the draft-free one.
 """
 
 from __future__ import annotations
 
 import bisect
+import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+
+MIN_SAMPLES = 8  # forwards (or drafts) a refit factor needs: fewer keep the probe's value
 
 
 @dataclass(frozen=True)
@@ -85,6 +93,19 @@ class DraftMode:
 
 
 @dataclass(frozen=True)
+class ForwardTiming:
+    """One verify forward as decoding ran it: `pieces` at `context` positions took `verify_seconds`,
+    after a draft of `drafted` nodes in mode `mode` that took `draft_seconds` (0 and None: no draft)."""
+
+    pieces: int
+    context: int
+    verify_seconds: float
+    drafted: int = 0
+    mode: str | None = None
+    draft_seconds: float = 0.0
+
+
+@dataclass(frozen=True)
 class Plan:
     """Decision 1 for a block: draft `nodes` nodes in mode `mode` (nodes 0: no draft, mode None)."""
 
@@ -133,3 +154,33 @@ def _best(reach: Sequence[float], verify_seconds, drafter_seconds) -> tuple[int,
         if value > best:
             best_n, best = n, value
     return best_n, best
+
+
+def refit(sizing: Sizing, timings: Sequence[ForwardTiming]) -> Sizing:
+    """`sizing` with its costs scaled to what decoding measured. Verify: per piece count P observed at
+    least MIN_SAMPLES times, the median of measured over predicted seconds; every knot of the curve is
+    scaled by the factor of the observed P nearest to it (ties to the smaller), so that the curve
+    keeps its shape between observations. Drafting: per mode drafted at least MIN_SAMPLES times, the
+    median of measured over predicted seconds scales all its budgets. Where nothing qualifies, the
+    probe's values stay."""
+    ratios: dict[int, list[float]] = {}
+    for t in timings:
+        ratios.setdefault(t.pieces, []).append(t.verify_seconds / sizing.verify(t.pieces, t.context))
+    factors = {p: statistics.median(r) for p, r in ratios.items() if len(r) >= MIN_SAMPLES}
+    verify = sizing.verify
+    if factors:
+        observed = sorted(factors)
+
+        def factor(p: int) -> float:
+            return factors[min(observed, key=lambda o: (abs(o - p), o))]
+
+        seconds = tuple(tuple(s * factor(p) for p, s in zip(verify.pieces, row, strict=True)) for row in verify.seconds)
+        verify = replace(verify, seconds=seconds)
+    modes = []
+    for mode in sizing.modes:
+        drafts = [t.draft_seconds / mode.drafter_seconds(t.drafted) for t in timings if t.mode == mode.name and t.drafted]
+        if len(drafts) >= MIN_SAMPLES:
+            f = statistics.median(drafts)
+            mode = replace(mode, seconds=tuple((b, s * f) for b, s in mode.seconds))
+        modes.append(mode)
+    return Sizing(verify, tuple(modes))

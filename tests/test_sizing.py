@@ -14,7 +14,7 @@ from test_engine import FLAT, STEEP, Reaching, prompt_ids
 from spot import DecodeConfig, Sampling, generate
 from spot.drafters import OracleDrafter, RandomDrafter
 from spot.drafters.reach import ReachCalibration, ReachMap, ReplayedTree, fit_reach, isotonic, with_table
-from spot.sizing import DraftMode, Plan, Sizing, VerifyCost, best_size
+from spot.sizing import MIN_SAMPLES, DraftMode, ForwardTiming, Plan, Sizing, VerifyCost, best_size, refit
 from spot.tree import DraftTree
 
 CURVE = VerifyCost(pieces=(1, 2, 5), contexts=(32, 288), seconds=((1.0, 1.5, 3.0), (2.0, 2.5, 5.0)))
@@ -168,3 +168,33 @@ def test_auto_needs_a_drafter_that_knows_its_reach():
     config = DecodeConfig(block_length=16, gen_length=40, budget=4)
     with pytest.raises(ValueError, match="budget=auto needs reach probabilities.*calibrate-reach"):
         generate(target, prompt_ids(3, 10), config, drafter=RandomDrafter(VOCAB, seed=1), sizing=Sizing(FLAT, (DraftMode("random", ((1, 0.0),), (1.0,)),)))
+
+
+def test_refit_scales_the_costs_to_what_decoding_measured():
+    verify = VerifyCost((1, 2, 3), (0,), ((1.0, 1.2, 1.4),))
+    stale = DraftMode("stale", ((1, 0.01), (4, 0.02)), (0.45,))
+    probed = Sizing(verify, (stale,))
+    assert probed.plan(0, cap=1) == Plan("stale", 1)  # 1.45 / 1.21 > 1
+    forwards = [ForwardTiming(1, 0, 1.1)] * 10 + [ForwardTiming(2, 0, 1.8, drafted=1, mode="stale", draft_seconds=0.03)] * 10
+    fitted = refit(probed, forwards)
+    # P = 1 measured 1.1x its prediction, P = 2 1.5x; the knot P = 3 takes the nearest observed P's factor.
+    assert fitted.verify.seconds[0] == pytest.approx((1.1, 1.8, 2.1))
+    assert [b for b, _ in fitted.modes[0].seconds] == [1, 4]
+    assert [s for _, s in fitted.modes[0].seconds] == pytest.approx([0.03, 0.06])  # drafts took 3x the probe's time
+    assert fitted.plan(0, cap=1) == Plan(None, 0)  # 1.45 / 1.83 < 1 / 1.1: no longer worth a draft
+    # Too few samples keep the probe's values.
+    assert refit(probed, forwards[: MIN_SAMPLES - 1]) == probed
+    assert refit(probed, []) == probed
+
+
+def test_every_forward_is_timed_with_its_pieces_and_draft():
+    target = tiny_target(16, seed=2, eos_ids=frozenset())
+    config = DecodeConfig(block_length=16, gen_length=40, sampling=Sampling(1.0), seed=1)
+    prompt = prompt_ids(3, 10)
+    reference = generate(target, prompt, config, record=True)
+    got = generate(target, prompt, replace(config, budget=3), drafter=OracleDrafter(reference.trajectory))
+    timings = got.stats.timings
+    assert len(timings) == got.stats.forwards and len(reference.stats.timings) == reference.stats.forwards
+    assert sum(t.pieces - 1 for t in timings) == got.stats.draft_nodes
+    assert all(t.verify_seconds > 0 and t.context % 16 == 0 and (t.drafted == 0) == (t.draft_seconds == 0) for t in timings)
+    assert {t.pieces for t in reference.stats.timings} == {1}

@@ -19,7 +19,6 @@ from lm_eval.api.model import LM
 from tqdm import tqdm
 
 from spot import DecodeConfig, Sampling, generate
-from spot.sizing import Sizing
 from spot_eval.checkpoints.shipped import EMBEDDED_TARGET
 from spot_eval.checkpoints.target import checkpoint_info, load_target, resolve_checkpoint, target_id
 from spot_eval.execution.sandbox import SandboxError, confinement
@@ -27,7 +26,7 @@ from spot_eval.harness import settings
 from spot_eval.harness.lossless import MethodRecord
 from spot_eval.harness.methods import MAX_BUDGET, MethodSpec, build_drafter, drafter_file, parse_methods
 from spot_eval.harness.parallel import Ranks
-from spot_eval.harness.profile import auto_sizing, drafter_seconds, verify_profile
+from spot_eval.harness.profile import Refitted, auto_sizing, drafter_seconds, verify_profile
 from spot_eval.harness.session import RequestRecord, Session
 from spot_eval.tracking.writer import TrackingConfig, open_tracker
 
@@ -149,9 +148,10 @@ class SpotLM(LM):
         self.session = Session(self.args, self._fingerprints(), tracker, self.args.output_dir, run, self.ranks)
         self._repeat = Counter()
 
-    def _auto_sizings(self) -> tuple[dict[str, Sizing], dict | None]:
+    def _auto_sizings(self) -> tuple[dict[str, Refitted], dict | None]:
         """budget=auto's inputs per auto method: this device's verify-cost profile (cached, or measured
-        once), the drafter's seconds per tree (measured now), its mean reach; and the profile for the record."""
+        once), the drafter's seconds per tree (measured now), its mean reach, refitted to decoding's own
+        timings after every request; and the profile for the record."""
         auto = [s for s in self.specs if s.auto]
         if not auto:
             return {}, None
@@ -159,7 +159,7 @@ class SpotLM(LM):
         sizings, record = {}, {**profile.to_dict(), "drafter_seconds": {}}
         for spec in auto:
             sizing = auto_sizing(self.target, self._drafters[spec.label], replace(self.config, budget=spec.budget), profile)
-            sizings[spec.label] = sizing
+            sizings[spec.label] = Refitted(sizing)
             record["drafter_seconds"][spec.label] = drafter_seconds(sizing)
         return sizings, record
 
@@ -282,10 +282,13 @@ class SpotLM(LM):
         methods = [MethodRecord.of("draft_free", 0, reference, reference, config, mask_id)]
         for spec in self.specs:
             drafter = self._drafters.get(spec.label) or build_drafter(spec, self.target, config.policy, reference)
+            auto = self._sizings.get(spec.label)
             got = generate(
                 self.target, ids, replace(config, budget=spec.budget),
-                drafter=drafter, request=request, decode=decode, record=True, sizing=self._sizings.get(spec.label),
+                drafter=drafter, request=request, decode=decode, record=True, sizing=auto and auto.sizing,
             )
+            if auto:
+                auto.observe(got.stats)
             methods.append(MethodRecord.of(spec.name, spec.budget, got, reference, config, mask_id, auto=spec.auto))
         record = RequestRecord(
             task=req.task_name, doc_id=req.doc_id, repeat=repeat, request=request,

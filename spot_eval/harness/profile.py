@@ -17,6 +17,7 @@ import logging
 import os
 import platform
 import time
+from collections import deque
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -24,7 +25,8 @@ import torch
 
 from spot.config import DecodeConfig
 from spot.cost import measure_drafter, measure_verify, probe_contexts
-from spot.sizing import DraftMode, Sizing, VerifyCost
+from spot.engine import DecodeStats
+from spot.sizing import DraftMode, Sizing, VerifyCost, refit
 from spot_eval.checkpoints.fingerprint import weights_digest
 
 VERSION = 2  # bump when the probe changes what it measures (2: timed between the steps decoding runs)
@@ -130,3 +132,20 @@ def auto_sizing(target, drafter, config: DecodeConfig, profile: Profile | None =
 def drafter_seconds(sizing: Sizing) -> dict[str, dict[int, float]]:
     """The measured seconds per tree, by mode and budget (what run.json and `decode` report)."""
     return {mode.name: dict(mode.seconds) for mode in sizing.modes}
+
+
+class Refitted:
+    """budget=auto's sizing of one method across requests: the probe's (`auto_sizing`), refitted after
+    each request to the verify forwards and drafts of the last WINDOW forwards decoding measured
+    (spot.sizing.refit), so that a request decides with fixed inputs and the next with better ones."""
+
+    WINDOW = 4096
+
+    def __init__(self, probed: Sizing) -> None:
+        self.probed = probed
+        self.sizing = probed
+        self._timings: deque = deque(maxlen=self.WINDOW)
+
+    def observe(self, stats: DecodeStats) -> None:
+        self._timings.extend(stats.timings)
+        self.sizing = refit(self.probed, list(self._timings))
