@@ -144,17 +144,17 @@ def load_checkpoint(path: str | Path) -> DrafterCheckpoint:
     gamma = raw["gamma"]
     if gamma is not None and not (isinstance(gamma, list) and all(isinstance(g, float) for g in gamma)):
         raise corrupt(f"gamma is {gamma!r}, expected null or a list of floats")
-    reach = raw.get("reach")
-    if reach is not None:
+
+    def optional(key: str, parse, what: str):
+        """raw[key] parsed, None where absent; a malformed value is a corrupt file."""
+        if raw.get(key) is None:
+            return None
         try:
-            reach = ReachCalibration.from_dict(reach)
+            return parse(raw[key])
         except (KeyError, TypeError, ValueError, AttributeError) as err:
-            raise corrupt(f"the reach calibration is malformed ({err})") from None
-    stale = raw.get("stale")
-    if stale is not None:
-        try:
-            stale = StaleOrder.from_dict(stale)
-        except (KeyError, TypeError, ValueError, AttributeError) as err:
-            raise corrupt(f"the stale order is malformed ({err})") from None
+            raise corrupt(f"{what} is malformed ({err})") from None
+
+    reach = optional("reach", ReachCalibration.from_dict, "the reach calibration")
+    stale = optional("stale", StaleOrder.from_dict, "the stale order")
     return DrafterCheckpoint(str(path), model.eval(), config, fingerprint, raw["metrics"],
                              None if gamma is None else tuple(gamma), reach, stale)
