@@ -57,11 +57,21 @@ class DecodeStats:
     forwards: int  # target model calls (the prompt's and finished blocks' KV ride along)
     steps: int  # policy steps (commit steps) taken
     accepted_lengths: tuple[int, ...]  # steps advanced per verify forward (>= 1 each)
-    draft_nodes: int  # draft nodes verified, root pieces excluded
     seconds: float
-    target_seconds: float
-    drafter_seconds: float
-    timings: tuple[ForwardTiming, ...] = ()  # every verify forward (budget=auto refits its costs by them)
+    timings: tuple[ForwardTiming, ...]  # every verify forward, with its draft (budget=auto refits its costs by them)
+
+    @property
+    def draft_nodes(self) -> int:
+        """Draft nodes verified, root pieces excluded."""
+        return sum(t.pieces - 1 for t in self.timings)
+
+    @property
+    def target_seconds(self) -> float:
+        return sum(t.verify_seconds for t in self.timings)
+
+    @property
+    def drafter_seconds(self) -> float:
+        return sum(t.draft_seconds for t in self.timings)
 
     @property
     def other_seconds(self) -> float:
@@ -80,13 +90,6 @@ class Generation:
     finish_reason: str  # "eos" | "stop" | "length"
     stats: DecodeStats
     trajectory: tuple[BlockTrace, ...] | None  # with record=True
-
-
-class _Clock:
-    def __init__(self) -> None:
-        self.target = 0.0
-        self.drafter = 0.0
-        self.timings: list[ForwardTiming] = []
 
 
 def finished(state: torch.Tensor, lo: int, hi: int, mask_id: int, eos_ids: frozenset[int]) -> bool:
@@ -147,20 +150,19 @@ def generate(
                 f"with {n_positions} positions of context the free device memory holds about {room} now. "
                 f"Use a budget of at most {max(room - 1, 0)}" + (" (or a device with more memory)." if room > 1 else ": none fits; free memory or use a larger device.")
             )
-    t0, forwards0, clock = time.perf_counter(), target.forwards, _Clock()
+    t0, forwards0, timings = time.perf_counter(), target.forwards, []
     target.start(prompt[: n_prompt // k * k])
     out: list[int] = []
     lengths: list[int] = []
     traces: list[BlockTrace] = []
-    draft_nodes, finish = 0, "length"
+    finish = "length"
     for block in range(n_prompt // k, n_positions // k):
         start = block * k
         state = torch.full((k,), target.mask_id, dtype=torch.long)
         state[: max(n_prompt - start, 0)] = prompt[start:n_prompt]  # a partial prompt block is never masked
         lo, hi = max(n_prompt - start, 0), min(end - start, k)
         recorder = _Recorder(block, record_topk, record_margins, target.mask_id)
-        states, nodes = _decode_block(target, state, start, block, lo, hi, config, drafter, request, lengths, clock, recorder, sizing)
-        draft_nodes += nodes
+        states = _decode_block(target, state, start, block, lo, hi, config, drafter, request, lengths, timings, recorder, sizing)
         if record:
             traces.append(recorder.trace(states))
         new = states[-1][lo:hi].tolist()
@@ -181,11 +183,8 @@ def generate(
         forwards=target.forwards - forwards0,
         steps=sum(lengths),
         accepted_lengths=tuple(lengths),
-        draft_nodes=draft_nodes,
         seconds=time.perf_counter() - t0,
-        target_seconds=clock.target,
-        drafter_seconds=clock.drafter,
-        timings=tuple(clock.timings),
+        timings=tuple(timings),
     )
     return Generation(tuple(out), text, finish, stats, tuple(traces) if record else None)
 
@@ -212,8 +211,8 @@ class _Recorder:
         return BlockTrace(self.block, torch.stack(states), torch.stack(values), torch.stack(ids), proposals)  # [S, K, k]
 
 
-def _decode_block(target, state, start, block, lo, hi, config, drafter, request, lengths, clock, recorder, sizing):
-    """Advance one block to `finished`; returns (the states after each step, draft nodes verified)."""
+def _decode_block(target, state, start, block, lo, hi, config, drafter, request, lengths, timings, recorder, sizing):
+    """Advance one block to `finished`; returns the states after each step. Each forward's timing goes to `timings`."""
     mask_id, eos = target.mask_id, target.eos_ids
     noise: dict[int, torch.Tensor | None] = {}
 
@@ -225,7 +224,7 @@ def _decode_block(target, state, start, block, lo, hi, config, drafter, request,
             noise[step] = gumbel(key, target.block_length, target.vocab_size, target.device)
         return noise[step]
 
-    states, stale, stale_state, prior, nodes = [state], None, None, None, 0
+    states, stale, stale_state, prior = [state], None, None, None
     # budget=auto's mode and tree size before drafting depend on the context only: one decision per block.
     plan = Plan(None, config.budget) if sizing is None else sizing.plan(start, config.budget)
     while not finished(state, lo, hi, mask_id, eos):
@@ -238,7 +237,6 @@ def _decode_block(target, state, start, block, lo, hi, config, drafter, request,
             ctx = DraftContext(state, stale, stale_state, prior, config, mask_id, request, block, step, budget, step_noise, plan.mode)
             tree = drafter.draft(ctx)
             draft_seconds = time.perf_counter() - t
-            clock.drafter += draft_seconds
             drafted = tree.size
             if tree.size > budget or not torch.equal(tree.states[0].cpu(), state.cpu()):
                 raise RuntimeError(f"drafter {drafter.name!r} returned {tree.size} nodes for budget {budget} or a foreign root")
@@ -250,8 +248,7 @@ def _decode_block(target, state, start, block, lo, hi, config, drafter, request,
         t = time.perf_counter()
         logits = target.verify(tree.states, start)  # [N + 1, K, V]
         verify_seconds = time.perf_counter() - t
-        clock.target += verify_seconds
-        clock.timings.append(ForwardTiming(tree.size + 1, start, verify_seconds, drafted, plan.mode if drafted else None, draft_seconds))
+        timings.append(ForwardTiming(tree.size + 1, start, verify_seconds, drafted, plan.mode if drafted else None, draft_seconds))
         # One sum is finite exactly when every logit is (accumulated in fp32: fp16 sums overflow), at a
         # twentieth of the cost of isfinite(logits).all(), which took 3% of a draft-free step on the CPU.
         if not bool(torch.isfinite(logits.sum(dtype=torch.float32))):
@@ -259,7 +256,6 @@ def _decode_block(target, state, start, block, lo, hi, config, drafter, request,
                 f"the target's forward {target.forwards} (request {request}, block {block}, step {step}) returned "
                 "non-finite logits: check the weights and the dtype (fp16 can overflow; try bfloat16 or float32)"
             )
-        nodes += tree.size
         node, advanced = 0, 0
         while True:  # follow the target down the tree
             prior, stale, stale_state = stale, logits[node], tree.states[node]
@@ -283,4 +279,4 @@ def _decode_block(target, state, start, block, lo, hi, config, drafter, request,
         lengths.append(advanced)
         if advanced == 1 and prior is not None and config.budget > 0:
             prior = prior.clone()  # a row of the previous forward's logits: keep the row, free the rest
-    return states, nodes
+    return states

@@ -68,8 +68,21 @@ def read_checkpoint(path: str | Path) -> tuple[PretrainedConfig, CheckpointInfo]
             f"{config_file} declares model_type {model_type!r}, which spot-eval does not load; "
             f"supported: {', '.join(FAMILIES)}"
         )
-    special = _special_tokens(path)
+    eos: set[int] = set()
+    generation_file = path / "generation_config.json"
+    sources = [raw.get("eos_token_id")]
+    if generation_file.is_file():
+        sources.append(json.loads(generation_file.read_text()).get("eos_token_id"))
+    for value in sources:
+        if isinstance(value, int):
+            eos.add(value)
+        elif isinstance(value, list):
+            eos.update(int(v) for v in value)
+    # The tokenizer's files only where config.json leaves an id out (tokenizer.json can be megabytes).
+    special = _special_tokens(path) if raw.get("mask_token_id") is None or not eos else {}
     mask_id = raw.get("mask_token_id", special.get("mask_token"))
+    if not eos and "eos_token" in special:
+        eos.add(special["eos_token"])
     block_size = raw.get("block_size", BLOCK_SIZES.get(model_type))
     for field, value, hint in (("mask_token_id", mask_id, "or a mask_token in tokenizer_config.json"),
                                ("block_size", block_size, "")):
@@ -81,18 +94,6 @@ def read_checkpoint(path: str | Path) -> tuple[PretrainedConfig, CheckpointInfo]
             )
     fields = {k: v for k, v in raw.items() if k not in _REMOTE_ONLY_FIELDS}
     config = FAMILIES[model_type][0](**fields)
-    eos: set[int] = set()
-    generation_file = path / "generation_config.json"
-    sources = [raw.get("eos_token_id")]
-    if generation_file.is_file():
-        sources.append(json.loads(generation_file.read_text()).get("eos_token_id"))
-    for value in sources:
-        if isinstance(value, int):
-            eos.add(value)
-        elif isinstance(value, list):
-            eos.update(int(v) for v in value)
-    if not eos and "eos_token" in special:
-        eos.add(special["eos_token"])
     if not eos:
         raise ValueError(f"{path} declares no eos_token_id in config.json or generation_config.json, and its tokenizer no eos_token")
     info = CheckpointInfo(

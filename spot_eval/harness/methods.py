@@ -139,7 +139,8 @@ def build_drafter(spec: MethodSpec, target, policy: str, reference=None) -> Draf
         if checkpoint.gamma is None:
             raise ValueError(f"{path} holds no fitted gamma; fit one with spot-eval fit-gamma before using spot_gamma")
         gamma = checkpoint.gamma if isinstance(checkpoint.gamma, (list, tuple)) else [checkpoint.gamma]
-    if spec.auto and checkpoint.reach is None and (checkpoint.stale is None or checkpoint.stale.reach is None):
+    drafter = SpotDrafter(checkpoint.model.to(target.device), gamma=gamma, name=spec.name, reach=checkpoint.reach, stale=checkpoint.stale)
+    if spec.auto and not drafter.modes:
         raise ValueError(f"{path} holds no reach calibration, which {spec.label} sizes its trees by: fit one with "
                          f"spot-eval calibrate-reach --drafter {path} --trajectories DIR, or use a fixed budget")
-    return SpotDrafter(checkpoint.model.to(target.device), gamma=gamma, name=spec.name, reach=checkpoint.reach, stale=checkpoint.stale)
+    return drafter

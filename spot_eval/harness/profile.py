@@ -84,7 +84,7 @@ def _processor() -> str:
 
 
 def profile_key(target) -> ProfileKey:
-    """The key of an BlockCausalTarget loaded from a model directory (its `name`)."""
+    """The key of a BlockCausalTarget loaded from a model directory (its `name`)."""
     return ProfileKey(device_name(target.device), weights_digest(Path(target.name)),
                       str(target.model.dtype).removeprefix("torch."), target.block_length, bool(target.exact))
 
