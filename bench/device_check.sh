@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The prepared GPU check: one script, under 8 minutes on one GPU, nothing downloaded. Prints one JSON line per
 # figure on stdout (progress on stderr):
-#   1. verify_cost: c(P)/c(1) for P in 1..21, both layouts, on the embedded target and on an SDAR-8B-shaped
-#      model with random bf16 weights (12 of its 36 layers: the full depth scales every P alike);
+#   1. verify_cost: c(P)/c(1) for P in 1..21, both layouts, on the embedded target, on an SDAR-8B-shaped
+#      model with random bf16 weights (12 of its 36 layers: the full depth scales every P alike) and on a
+#      LLaDA2.0-mini-shaped one (6 of its 20 layers: 256 experts each);
 #   2. verify_exactness: pieces of a P-piece verify against one-piece forwards, P = 2, 9, 21, both layouts;
 #   3. auto_cost: what budget=auto weighs on the device (bf16, exact layout): c(P, L), the drafter's seconds per
 #      tree and the tree size the rule picks at the shipped drafter's mean reach;
@@ -15,10 +16,10 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python}
 LM_EVAL=${LM_EVAL:-lm_eval}
 if [ "${1:-}" = "--dry-run" ]; then
-  DEVICE=cpu PIECES=1+2+3 SDAR="--layers 1 --width-divisor 32" CONTEXT=64 REPEATS=1
+  DEVICE=cpu PIECES=1+2+3 SDAR="--layers 1 --width-divisor 32" LLADA2="--layers 2 --width-divisor 32" CONTEXT=64 REPEATS=1
   EXACTNESS="--prompts 1 --gen 32 --pieces 2 --repeats 1" LIMIT=1
 else
-  DEVICE=cuda PIECES=1+2+3+4+5+7+9+11+13+15+17+19+21 SDAR="--layers 12" CONTEXT=512 REPEATS=9
+  DEVICE=cuda PIECES=1+2+3+4+5+7+9+11+13+15+17+19+21 SDAR="--layers 12" LLADA2="--layers 6" CONTEXT=512 REPEATS=9
   EXACTNESS="--prompts 8 --gen 128 --pieces 2+9+21" LIMIT=10
 fi
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 PYTHONUNBUFFERED=1
@@ -26,6 +27,8 @@ echo "device_check: verify cost, embedded target" >&2
 $PY bench/verify_cost.py --model embedded --device $DEVICE --dtype bfloat16 --pieces $PIECES --context $CONTEXT --repeats $REPEATS
 echo "device_check: verify cost, SDAR-8B-shaped" >&2
 $PY bench/verify_cost.py --model sdar-8b $SDAR --device $DEVICE --dtype bfloat16 --pieces $PIECES --context $CONTEXT --repeats $REPEATS
+echo "device_check: verify cost, LLaDA2.0-mini-shaped" >&2
+$PY bench/verify_cost.py --model llada2-mini $LLADA2 --device $DEVICE --dtype bfloat16 --pieces $PIECES --context $CONTEXT --repeats $REPEATS
 echo "device_check: exactness of the two layouts" >&2
 $PY bench/verify_exactness.py --device $DEVICE --dtype bfloat16 $EXACTNESS
 echo "device_check: budget=auto's inputs" >&2

@@ -2,9 +2,11 @@
 piece, at a fixed context, for each layout (packed and exact). What decides whether a draft tree of a
 given size pays off on a device: nearly flat on a GPU at batch 1 for small P, nearly linear on a CPU.
 
-Models: `embedded` (the shipped target) or `sdar-8b` (the shape of SDAR-8B-Chat from
-tests/fixtures/sdar-8b-chat/config.json, random weights; `--layers` and `--width-divisor` cut it down
-to fit a device's time or memory, and the JSON says so). Prints one JSON line per (layout, P).
+Models: `embedded` (the shipped target), `sdar-8b` (the shape of SDAR-8B-Chat from
+tests/fixtures/sdar-8b-chat/config.json, random weights) or `llada2-mini` (LLaDA2.0-mini's shape, the
+defaults of spot.targets.llada2.LLaDA2Config: 20 layers, 256 experts, top-8 and a shared one; random
+weights). `--layers` and `--width-divisor` cut a shaped model down to fit a device's time or memory, and
+the JSON says so. Prints one JSON line per (layout, P).
 
 Usage: python bench/verify_cost.py --model sdar-8b --layers 12 --device cuda --dtype bfloat16
            [--pieces 1+2+3+5+9+13+17+21] [--context 512] [--repeats 9]
@@ -22,6 +24,7 @@ import torch
 from transformers import Qwen3ForCausalLM
 
 from spot.targets import BlockCausalTarget, read_checkpoint
+from spot.targets.llada2 import LLaDA2Config, LLaDA2ForCausalLM
 from spot_eval.checkpoints.shipped import EMBEDDED_TARGET
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -45,6 +48,23 @@ def sdar_shaped(device: str, dtype: torch.dtype, layers: int | None, divisor: in
     return BlockCausalTarget(model, info.mask_id, info.eos_ids, block, name="sdar-8b-shaped"), shape
 
 
+def llada2_shaped(device: str, dtype: torch.dtype, layers: int | None, divisor: int, block: int) -> tuple[BlockCausalTarget, dict]:
+    """LLaDA2.0-mini's architecture with random weights (seeded), optionally fewer layers and narrower. Its
+    mask and EOS ids are the published tokenizer's [SRC: inclusionAI/LLaDA2.0-mini, method notes]."""
+    config = LLaDA2Config()
+    if layers is not None:
+        config.num_hidden_layers = layers
+    if divisor > 1:
+        for field in ("hidden_size", "intermediate_size", "moe_intermediate_size", "num_attention_heads", "num_key_value_heads"):
+            setattr(config, field, max(getattr(config, field) // divisor, 1))
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = LLaDA2ForCausalLM(config).to(dtype)
+    shape = {k: getattr(config, k) for k in ("num_hidden_layers", "hidden_size", "moe_intermediate_size", "num_experts",
+                                              "num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size")}
+    return BlockCausalTarget(model, 156895, frozenset({156892}), block, name="llada2-mini-shaped"), shape
+
+
 def seconds(target: BlockCausalTarget, prefix: torch.Tensor, pieces: torch.Tensor, repeats: int) -> float:
     times = []
     for _ in range(repeats + 1):  # the first is a warm-up
@@ -58,10 +78,10 @@ def seconds(target: BlockCausalTarget, prefix: torch.Tensor, pieces: torch.Tenso
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", choices=["embedded", "sdar-8b"], default="embedded")
-    parser.add_argument("--layers", type=int, default=None, help="sdar-8b: keep this many of its 36 layers")
-    parser.add_argument("--width-divisor", type=int, default=1, help="sdar-8b: divide widths and heads by this")
-    parser.add_argument("--block", type=int, default=32, help="sdar-8b: the block length (SDAR-8B-Chat-b32's)")
+    parser.add_argument("--model", choices=["embedded", "sdar-8b", "llada2-mini"], default="embedded")
+    parser.add_argument("--layers", type=int, default=None, help="sdar-8b, llada2-mini: keep this many layers")
+    parser.add_argument("--width-divisor", type=int, default=1, help="sdar-8b, llada2-mini: divide widths and heads by this")
+    parser.add_argument("--block", type=int, default=32, help="sdar-8b, llada2-mini: the block length (both publish 32)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES))
     parser.add_argument("--pieces", default="1+2+3+5+9+13+17+21")
@@ -73,7 +93,8 @@ def main() -> None:
     if args.model == "embedded":
         packed, shape = BlockCausalTarget.from_pretrained(EMBEDDED_TARGET, device=args.device, dtype=dtype), {}
     else:
-        packed, shape = sdar_shaped(args.device, dtype, args.layers, args.width_divisor, args.block)
+        shaped = sdar_shaped if args.model == "sdar-8b" else llada2_shaped
+        packed, shape = shaped(args.device, dtype, args.layers, args.width_divisor, args.block)
     exact = BlockCausalTarget(packed.model, packed.mask_id, packed.eos_ids, packed.block_length, packed.tokenizer, packed.name, exact=True)
     k = packed.block_length
     context = args.context // k * k

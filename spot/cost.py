@@ -68,7 +68,7 @@ def measure_verify(
     rounds = 0
     while rounds < repeats or (rounds < max_rounds and time.perf_counter() - started < time_limit):
         for context in contexts:
-            target.start(probe_prefix(target, context))
+            target.start(probe_prefix(target, context), context + k)
             target.verify(state[None], context)  # builds the prefix cache (and warms up)
             for p in fits:
                 t = time.perf_counter()
@@ -84,7 +84,7 @@ def measure_drafter(drafter: Drafter, target: Target, config: DecodeConfig, mode
     """The median seconds of one `drafter.draft` at `config.budget` in `mode`, on a probe state of the
     first block after one block of context, a step into the block (so there are stale logits to read)."""
     k = target.block_length
-    target.start(probe_prefix(target, k))
+    target.start(probe_prefix(target, k), 2 * k)
     root = torch.full((k,), target.mask_id, dtype=torch.long)
     stale = target.verify(root[None], k)[0]  # [K, V]
     state = root.clone()

@@ -151,7 +151,7 @@ def generate(
                 f"Use a budget of at most {max(room - 1, 0)}" + (" (or a device with more memory)." if room > 1 else ": none fits; free memory or use a larger device.")
             )
     t0, forwards0, timings = time.perf_counter(), target.forwards, []
-    target.start(prompt[: n_prompt // k * k])
+    target.start(prompt[: n_prompt // k * k], n_positions)
     out: list[int] = []
     lengths: list[int] = []
     traces: list[BlockTrace] = []

@@ -33,6 +33,8 @@ def _target_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--block-length", type=int, default=None, help="default: the checkpoint's block_size")
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="auto", help="auto (float32 on cpu, bfloat16 on cuda) | float32 | bfloat16 | float16")
+    p.add_argument("--cache", default=None, choices=("dual", "prefix", "none"),
+                   help="LLaDA/Dream only: the KV frozen per block (default dual; none: the uncached decoder)")
 
 
 def _target(args: argparse.Namespace) -> tuple[str, object]:
@@ -107,6 +109,7 @@ def _decode(args: argparse.Namespace) -> None:
         exact=args.exact,
         dtype=dtype,
         steps=args.steps,
+        cache=args.cache,
     )
     if args.json:
         print(json.dumps(result))
@@ -141,7 +144,7 @@ def _profile(args: argparse.Namespace) -> None:
 
     _set_threads(args)
     path, dtype = _target(args)
-    target = load_target(path, args.block_length, args.device, args.exact, dtype)
+    target = load_target(path, args.block_length, args.device, args.exact, dtype, args.cache)
     profile = verify_profile(target, remeasure=args.remeasure)
     print(json.dumps({**profile.to_dict(), "file": str(cache_dir() / f"{profile_key(target).digest()}.json")}))
 
@@ -239,6 +242,7 @@ def _collect(args: argparse.Namespace) -> None:
     result = collect(
         target=path,
         dtype=dtype,
+        cache=args.cache,
         out=args.out,
         policy=args.policy,
         block_length=args.block_length,
@@ -328,6 +332,7 @@ def _spiffy_calibrate(args: argparse.Namespace) -> None:
     result = calibrate(
         target=path,
         dtype=dtype,
+        cache=args.cache,
         out=args.out,
         block_length=args.block_length,
         prompts=args.prompts,

@@ -24,7 +24,7 @@ def test_the_dry_run_reports_every_figure_as_one_json_line(tmp_path):
     assert run.returncode == 0, run.stderr[-3000:]
     figures = [json.loads(line) for line in run.stdout.splitlines()]
     cost = {(f["model"], f["layout"], f["pieces"]) for f in figures if f["bench"] == "verify_cost"}
-    assert cost == {(m, layout, p) for m in ("embedded", "sdar-8b") for layout in ("default", "exact") for p in (1, 2, 3)}
+    assert cost == {(m, layout, p) for m in ("embedded", "sdar-8b", "llada2-mini") for layout in ("default", "exact") for p in (1, 2, 3)}
     exact = [f for f in figures if f["bench"] == "verify_exactness" and f["layout"] == "exact" and "policy" in f]
     assert exact and all(f["max_abs_logit_diff"] == 0 and f["flips"] == 0 for f in exact)
     bench = [f for f in figures if f["bench"] == "benchmark"]

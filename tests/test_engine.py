@@ -22,6 +22,7 @@ from spot.drafters.order_model import OrderModel
 from spot.drafters.spot import SpotDrafter
 from spot.drafters.stale import StaleOrder
 from spot.sizing import DraftMode, Sizing, VerifyCost
+from spot.targets import block_causal
 
 TEMPERATURES = [0.0, 0.7, 1.0, 2.0]
 BUDGETS = [1, 4, 8, 20]
@@ -335,11 +336,11 @@ def test_mask_and_eos_ids_are_the_targets():
     assert target.mask_id == MASK_ID and target.eos_ids == {EOS_ID}
 
 
-def test_a_budget_beyond_the_free_memory_is_refused_with_a_budget_that_fits():
+def test_a_budget_beyond_the_free_memory_is_refused_with_a_budget_that_fits(monkeypatch):
     target = tiny_target(16)
     per_piece = target.block_length * (VOCAB * 8 + 4 * (48 + 16) * 4 + 4 * 64 * 4 + 2 * 2 * 2 * 8 * 4)
     assert target.max_pieces(48) > 1000  # the real free memory holds far more than any budget here
-    target._free_bytes = lambda: 2 * 5 * per_piece  # room for exactly 5 pieces (half the free memory)
+    monkeypatch.setattr(block_causal, "free_bytes", lambda device: 2 * 5 * per_piece)  # room for exactly 5 pieces (half the free memory)
     assert target.max_pieces(48) == 5
     drafter = RandomDrafter(VOCAB)
     generate(target, [1, 2], DecodeConfig(block_length=16, gen_length=20, budget=4), drafter=drafter)

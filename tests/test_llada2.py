@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_lm import lm_eval_runs_losslessly
 from test_sdar_target import random_states
 from test_spiffy import calibrated
 from tokenizers import Tokenizer, models, pre_tokenizers
@@ -178,3 +179,7 @@ def test_the_training_commands_and_decode_work_on_a_llada2_directory(tmp_path, c
               "--json", "--threads", "1"])
         decoded[method] = json.loads(capsys.readouterr().out)["token_ids"]
     assert decoded["spot"] == decoded["draft_free"] == decoded["spiffy"]
+
+
+def test_lm_eval_runs_a_llada2_directory(tmp_path):
+    lm_eval_runs_losslessly(write_llada2(tmp_path / "llada2", tiny_llada2(seed=6)), tmp_path)

@@ -77,6 +77,18 @@ def run_lm_eval(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run([lm_eval, *args], capture_output=True, text=True, env=OFFLINE, cwd=cwd, timeout=600)
 
 
+def lm_eval_runs_losslessly(pretrained: Path, tmp_path: Path) -> None:
+    """The real `lm_eval --model spot` on spot_gsm8k --limit 2 with two drafters: every sample lossless."""
+    args = f"pretrained={pretrained},methods=oracle+random,budgets=4,gen_length=32,device=cpu,threads=1"
+    run = run_lm_eval("--model", "spot", "--model_args", args, "--tasks", "spot_gsm8k", "--include_path", str(REPO / "tasks"),
+                      "--limit", "2", "--output_path", str(tmp_path / "out"), cwd=tmp_path)
+    assert run.returncode == 0, run.stderr[-3000:]
+    results = json.loads(next((tmp_path / "out").rglob("results_*.json")).read_text())
+    assert "exact_match,strict-match" in results["results"]["spot_gsm8k"]
+    samples = [json.loads(line) for line in next(tmp_path.glob("spot-eval-runs/*/samples.jsonl")).open()]
+    assert len(samples) == 6 and all(s["lossless"] for s in samples)
+
+
 def test_use_cache_resumes_and_refuses_another_decoder_config(checkpoint, tmp_path):
     common = ["--model", "spot", "--tasks", "spot_gsm8k", "--include_path", str(REPO / "tasks"), "--limit", "2",
               "--use_cache", str(tmp_path / "cache")]

@@ -228,8 +228,8 @@ def test_an_sdar_directory_loads_without_transformers_warnings(tmp_path, caplog)
 
 
 def test_an_unknown_model_type_is_refused_listing_the_supported_ones(tmp_path):
-    path = write_checkpoint(tmp_path / "ckpt", {"model_type": "llada"})
-    with pytest.raises(ValueError, match="declares model_type 'llada', which spot-eval does not load; supported: sdar, qwen3, sdar_moe, qwen3_moe, llada2_moe"):
+    path = write_checkpoint(tmp_path / "ckpt", {"model_type": "mamba"})
+    with pytest.raises(ValueError, match="declares model_type .mamba., which spot-eval does not load; supported: sdar, qwen3, sdar_moe, qwen3_moe, llada2_moe, llada, Dream"):
         BlockCausalTarget.from_pretrained(path)
 
 

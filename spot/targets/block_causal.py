@@ -21,7 +21,6 @@ move by rounding with the piece count (bench/verify_exactness.py).
 
 from __future__ import annotations
 
-import os
 import types
 import warnings
 from pathlib import Path
@@ -31,10 +30,9 @@ from transformers import AutoTokenizer, DynamicCache, PreTrainedModel, PreTraine
 from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeExperts
 
 from spot.targets.attention import PIECES, PieceLayout
-from spot.targets.checkpoint import FAMILIES, read_checkpoint
+from spot.targets.checkpoint import FAMILIES, load_weights, read_checkpoint
+from spot.targets.memory import SAFE_FRACTION, free_bytes
 from spot.targets.sdar import row_invariant_experts, use_sdar_norms
-
-SAFE_FRACTION = 0.5  # of the free memory one verify may plan to use: the estimate leaves out temporaries
 
 
 class BlockCausalTarget:
@@ -89,6 +87,10 @@ class BlockCausalTarget:
         if block_length is not None and block_length < 1:
             raise ValueError(f"block_length must be >= 1, got {block_length}")
         config, info = read_checkpoint(path)
+        family = FAMILIES[info.model_type]
+        if family.attention != "block_causal":
+            raise ValueError(f"{path} holds a {info.model_type} model, whose attention is {family.attention}: "
+                             "load it with spot.targets.DualCacheTarget (spot.targets.from_pretrained does)")
         block_length = info.block_size if block_length is None else block_length
         if block_length != info.block_size:
             warnings.warn(
@@ -103,13 +105,12 @@ class BlockCausalTarget:
                 f"the tokenizer in {path} has no token for mask_token_id {info.mask_id}; "
                 "add the mask token to the tokenizer (SDAR: <|MASK|>)"
             )
-        model_class = next(m for c, m in FAMILIES.values() if type(config) is c)
-        model = model_class.from_pretrained(str(path), config=config, dtype=dtype, attn_implementation=attn_implementation).to(device)
+        model = load_weights(path, config, family, dtype, attn_implementation=attn_implementation).to(device)
         return cls(model, info.mask_id, info.eos_ids, block_length, tokenizer=tokenizer, name=str(path), exact=exact)
 
     # -- the Target protocol ----------------------------------------------------------------------
 
-    def start(self, prefix: torch.Tensor) -> None:
+    def start(self, prefix: torch.Tensor, positions: int | None = None) -> None:
         if prefix.numel() % self.block_length:
             raise ValueError(f"prefix length {prefix.numel()} is not a multiple of the block length {self.block_length}")
         self._cache = DynamicCache(config=self.model.config)
@@ -157,16 +158,7 @@ class BlockCausalTarget:
             + 4 * config.intermediate_size * element  # one layer's MLP activations
             + kv_per_token  # the pieces' keys and values, cached until the crop
         )
-        return int(SAFE_FRACTION * self._free_bytes() // (self.block_length * per_position))
-
-    def _free_bytes(self) -> int:
-        if self.device.type == "cuda":
-            return torch.cuda.mem_get_info(self.device)[0]
-        try:
-            meminfo = Path("/proc/meminfo").read_text()
-            return int(next(line.split()[1] for line in meminfo.splitlines() if line.startswith("MemAvailable:"))) * 1024
-        except (OSError, StopIteration):
-            return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        return int(SAFE_FRACTION * free_bytes(self.device) // (self.block_length * per_position))
 
     def _pending_mask(self, cached: int, n_pending: int) -> torch.Tensor | None:
         """[Lp, cached + Lp]: a pending row sees the cache and the pending rows of its own or an earlier block."""

@@ -1,36 +1,65 @@
-"""Reading a block-diffusion checkpoint directory: which transformers-style classes hold its weights
-(by config.json's model_type, never by name), and its mask and EOS ids and block size."""
+"""Reading a block-diffusion checkpoint directory: its family (by config.json's model_type, never by
+name), the transformers-style classes that hold its weights, and its mask and EOS ids and block size."""
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
 from transformers import (
     PretrainedConfig,
     PreTrainedModel,
+    Qwen2Config,
+    Qwen2ForCausalLM,
     Qwen3Config,
     Qwen3ForCausalLM,
     Qwen3MoeConfig,
     Qwen3MoeForCausalLM,
 )
 
+from spot.targets.llada import KEY_MAPPING as LLADA_KEY_MAPPING
+from spot.targets.llada import LLaDAForCausalLM, llada_config
 from spot.targets.llada2 import LLaDA2Config, LLaDA2ForCausalLM
 
-# Fields of SDAR's config.json that only its remote code reads.
+# Fields of a config.json that only the checkpoint's remote code reads.
 _REMOTE_ONLY_FIELDS = ("auto_map", "architectures", "attn_implementation", "model_type")
-# config.json's model_type -> the transformers classes that hold its weights (same names, no remote code).
-FAMILIES: dict[str, tuple[type[PretrainedConfig], type[PreTrainedModel]]] = {
-    "sdar": (Qwen3Config, Qwen3ForCausalLM),
-    "qwen3": (Qwen3Config, Qwen3ForCausalLM),
-    "sdar_moe": (Qwen3MoeConfig, Qwen3MoeForCausalLM),
-    "qwen3_moe": (Qwen3MoeConfig, Qwen3MoeForCausalLM),
-    "llada2_moe": (LLaDA2Config, LLaDA2ForCausalLM),
+
+
+@dataclass(frozen=True)
+class Family:
+    """How spot-eval runs one model_type.
+
+    config: config.json's fields (remote-only ones dropped) -> the config of `model`.
+    attention: "block_causal" (blocks from position 0: an exact prefix cache, spot.targets.block_causal)
+        or "bidirectional" (the whole canvas: an approximate cache, spot.targets.dual_cache).
+    block_size: the published block size where config.json names none.
+    key_mapping: checkpoint weight name (regex) -> `model`'s name, for transformers' from_pretrained.
+    shift: position i's logits come from the hidden state at i - 1 (Dream).
+    """
+
+    config: Callable[..., PretrainedConfig]
+    model: type[PreTrainedModel]
+    attention: str = "block_causal"
+    block_size: int | None = None
+    key_mapping: dict[str, str] = field(default_factory=dict)
+    shift: bool = False
+
+
+# config.json's model_type -> its family. Block sizes a config.json does not name: LLaDA2.0's model card
+# and reference generate decode in blocks of 32 [SRC: inclusionAI/LLaDA2.0-mini; SGLang's DllmConfig
+# agrees]; LLaDA's generate.py and Fast-dLLM's scripts use 32 for LLaDA and Dream [SRC].
+FAMILIES: dict[str, Family] = {
+    "sdar": Family(Qwen3Config, Qwen3ForCausalLM),
+    "qwen3": Family(Qwen3Config, Qwen3ForCausalLM),
+    "sdar_moe": Family(Qwen3MoeConfig, Qwen3MoeForCausalLM),
+    "qwen3_moe": Family(Qwen3MoeConfig, Qwen3MoeForCausalLM),
+    "llada2_moe": Family(LLaDA2Config, LLaDA2ForCausalLM, block_size=32),
+    "llada": Family(llada_config, LLaDAForCausalLM, "bidirectional", 32, LLADA_KEY_MAPPING),
+    "Dream": Family(Qwen2Config, Qwen2ForCausalLM, "bidirectional", 32, shift=True),
 }
-# The block size of a family whose config.json names none: LLaDA2.0's model card and reference
-# generate decode in blocks of 32 [SRC: inclusionAI/LLaDA2.0-mini; SGLang's DllmConfig agrees].
-BLOCK_SIZES = {"llada2_moe": 32}
 
 
 @dataclass(frozen=True)
@@ -38,6 +67,7 @@ class CheckpointInfo:
     """What a checkpoint directory says about itself."""
 
     path: str
+    model_type: str
     mask_id: int
     block_size: int  # the block length the checkpoint was trained with
     eos_ids: frozenset[int]
@@ -48,11 +78,11 @@ class CheckpointInfo:
 def read_checkpoint(path: str | Path) -> tuple[PretrainedConfig, CheckpointInfo]:
     """Map a block-diffusion checkpoint's config.json to a plain config of the transformers-style class
     that holds its weights, by its model_type (`FAMILIES`): SDAR (dense `sdar`, MoE `sdar_moe`, or an
-    SDAR-style Qwen3 one) and LLaDA2.0 (`llada2_moe`).
+    SDAR-style Qwen3 one), LLaDA2.0 (`llada2_moe`), LLaDA (`llada`) and Dream (`Dream`).
 
     The mask and EOS ids come from config.json (and generation_config.json) where it names them, else
     from the tokenizer's own special tokens (LLaDA2.0's config.json names neither); the block size
-    from config.json, else the family's published one (`BLOCK_SIZES`).
+    from config.json, else the family's published one (`Family.block_size`).
 
     Raises:
         FileNotFoundError / ValueError with a message naming the directory and the missing field.
@@ -83,21 +113,23 @@ def read_checkpoint(path: str | Path) -> tuple[PretrainedConfig, CheckpointInfo]
     mask_id = raw.get("mask_token_id", special.get("mask_token"))
     if not eos and "eos_token" in special:
         eos.add(special["eos_token"])
-    block_size = raw.get("block_size", BLOCK_SIZES.get(model_type))
-    for field, value, hint in (("mask_token_id", mask_id, "or a mask_token in tokenizer_config.json"),
-                               ("block_size", block_size, "")):
+    family = FAMILIES[model_type]
+    block_size = raw.get("block_size", family.block_size)
+    for name, value, hint in (("mask_token_id", mask_id, "or a mask_token in tokenizer_config.json"),
+                              ("block_size", block_size, "")):
         if value is None:
             raise ValueError(
-                f"{config_file} has no {field!r}{' (' + hint + ')' if hint else ''}: this is not a block-diffusion "
-                f"checkpoint that spot-eval knows. Add {field} to config.json (SDAR uses mask_token_id 151669 and "
+                f"{config_file} has no {name!r}{' (' + hint + ')' if hint else ''}: this is not a block-diffusion "
+                f"checkpoint that spot-eval knows. Add {name} to config.json (SDAR uses mask_token_id 151669 and "
                 "block_size 4/8/16/32/64)."
             )
     fields = {k: v for k, v in raw.items() if k not in _REMOTE_ONLY_FIELDS}
-    config = FAMILIES[model_type][0](**fields)
+    config = family.config(**fields)
     if not eos:
         raise ValueError(f"{path} declares no eos_token_id in config.json or generation_config.json, and its tokenizer no eos_token")
     info = CheckpointInfo(
         path=str(path),
+        model_type=model_type,
         mask_id=int(mask_id),
         block_size=int(block_size),
         eos_ids=frozenset(eos),
@@ -107,6 +139,24 @@ def read_checkpoint(path: str | Path) -> tuple[PretrainedConfig, CheckpointInfo]
     if not 0 <= info.mask_id < info.vocab_size:
         raise ValueError(f"{config_file}: mask_token_id {info.mask_id} is outside the vocabulary (size {info.vocab_size})")
     return config, info
+
+
+def load_weights(path: str | Path, config: PretrainedConfig, family: Family, dtype: torch.dtype, **kwargs) -> PreTrainedModel:
+    """The family's model with the directory's weights (renamed by its key_mapping).
+
+    Raises:
+        ValueError naming the weights the model needs and the directory lacks (transformers would
+        initialise them at random and only warn)."""
+    model, report = family.model.from_pretrained(
+        str(path), config=config, dtype=dtype, key_mapping=family.key_mapping or None, output_loading_info=True, **kwargs
+    )
+    if report["missing_keys"]:
+        missing = sorted(report["missing_keys"])
+        raise ValueError(
+            f"{path} lacks {len(missing)} weights that a {type(model).__name__} needs ({', '.join(missing[:4])}"
+            f"{', ...' if len(missing) > 4 else ''}); its files do not hold this model_type's published weight names"
+        )
+    return model
 
 
 def _special_tokens(path: Path) -> dict[str, int]:

@@ -12,10 +12,13 @@ import json
 from pathlib import Path
 
 from spot.targets.block_causal import BlockCausalTarget
+from spot.targets.dual_cache import DualCacheTarget
 
 # What must agree between a drafter and the target it drafts for; "model" (the directory name) is
 # informational, so a copied or renamed target directory still matches.
 IDENTITY = ("tokenizer_sha256", "weights_digest", "block_length", "policy")
+# Compared where either side has it: a bidirectional target's frozen-cache decoder (its trajectories differ per cache).
+OPTIONAL_IDENTITY = ("cache",)
 _DIGEST_SPAN = 1 << 20  # bytes hashed at each end of a weight file
 TRAIN_DRAFTER = "train a drafter for this target and block length (spot-eval collect, then spot-eval train-drafter)"
 
@@ -44,7 +47,7 @@ def weights_digest(directory: Path) -> str:
     return digest.hexdigest()
 
 
-def target_fingerprint(target: BlockCausalTarget, policy: str) -> dict:
+def target_fingerprint(target: BlockCausalTarget | DualCacheTarget, policy: str) -> dict:
     """The identity of (target, block length, commit policy) that trajectories and drafters carry."""
     directory = Path(target.name)
     tokenizer = directory / "tokenizer.json"
@@ -59,12 +62,12 @@ def target_fingerprint(target: BlockCausalTarget, policy: str) -> dict:
         "weights_digest": weights_digest(directory),
         "block_length": target.block_length,
         "policy": policy,
-    }
+    } | ({"cache": target.cache} if isinstance(target, DualCacheTarget) else {})
 
 
 def fingerprint_mismatch(recorded: dict, actual: dict) -> list[str]:
     """The identity fields on which two fingerprints differ, as 'field: recorded vs actual'."""
-    return [f"{k}: {recorded.get(k)!r} vs {actual.get(k)!r}" for k in IDENTITY if recorded.get(k) != actual.get(k)]
+    return [f"{k}: {recorded.get(k)!r} vs {actual.get(k)!r}" for k in IDENTITY + OPTIONAL_IDENTITY if recorded.get(k) != actual.get(k)]
 
 
 def check_fingerprint(

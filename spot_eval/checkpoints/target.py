@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from spot.targets import BlockCausalTarget, CheckpointInfo, read_checkpoint
+from spot.targets import BlockCausalTarget, CheckpointInfo, DualCacheTarget, from_pretrained, read_checkpoint
 from spot_eval.checkpoints.fingerprint import weights_digest
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")  # org/name, as the hub spells repository ids
@@ -49,17 +49,23 @@ def checkpoint_info(path: str | Path) -> CheckpointInfo:
 
 
 def load_target(
-    path: str | Path, block_length: int | None, device: str = "cpu", exact: bool = False, dtype: torch.dtype | None = None
-) -> BlockCausalTarget:
-    """The target in a checkpoint directory (`resolve_checkpoint` finds one); dtype: float32 on a CPU and
-    bfloat16 elsewhere unless given."""
+    path: str | Path,
+    block_length: int | None,
+    device: str = "cpu",
+    exact: bool = False,
+    dtype: torch.dtype | None = None,
+    cache: str | None = None,
+) -> BlockCausalTarget | DualCacheTarget:
+    """The target in a checkpoint directory (`resolve_checkpoint` finds one), as its family decodes it
+    (spot.targets.from_pretrained); dtype: float32 on a CPU and bfloat16 elsewhere unless given; cache: a
+    bidirectional target's frozen-cache decoder (dual by default, spot.targets.dual_cache)."""
     checkpoint_info(path)
     if dtype is None:
         dtype = torch.float32 if str(device).startswith("cpu") else torch.bfloat16
-    return BlockCausalTarget.from_pretrained(path, block_length=block_length, device=device, dtype=dtype, exact=exact)
+    return from_pretrained(path, block_length=block_length, device=device, dtype=dtype, exact=exact, cache=cache)
 
 
-def encode_prompt(target: BlockCausalTarget, prompt: str, chat: bool) -> list[int]:
+def encode_prompt(target: BlockCausalTarget | DualCacheTarget, prompt: str, chat: bool) -> list[int]:
     tokenizer = target.tokenizer
     if chat:
         if not getattr(tokenizer, "chat_template", None):

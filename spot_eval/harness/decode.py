@@ -36,6 +36,7 @@ def decode_prompt(
     dtype: torch.dtype | None = None,
     steps: int | None = None,
     max_budget: int = MAX_BUDGET,
+    cache: str | None = None,
 ) -> dict:
     """drafter_path: the method's checkpoint or graph (default: the one shipped for the block
     length). With spiffy the budget is D*, the nodes kept by Spiffy's online pruning. exact: verify
@@ -69,7 +70,7 @@ def decode_prompt(
     spec = None if method == DRAFT_FREE else MethodSpec(method, budget, drafter_path, auto)
     if spec is not None:
         drafter_file(spec, config.block_length)
-    model = load_target(target, block_length, device, exact, dtype)
+    model = load_target(target, block_length, device, exact, dtype, cache)
     ids = encode_prompt(model, prompt, chat)
     decode = model.tokenizer.decode
     drafter = None
@@ -100,5 +101,6 @@ def decode_prompt(
         "prompt_tokens": len(ids),
         "block_length": model.block_length,
         "exact": exact,
+        "cache": getattr(model, "cache", None),
         "dtype": str(model.model.dtype).removeprefix("torch."),
     }

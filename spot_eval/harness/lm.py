@@ -53,6 +53,7 @@ class SpotArgs:
     fail_on_divergence: bool = True
     device: str = "cuda:0"
     dtype: str = "auto"
+    cache: str | None = None  # LLaDA/Dream: the KV frozen per block, dual | prefix | none (spot.targets.dual_cache)
     exact: bool = False  # verify in the per-piece layout: speculative tokens equal draft-free bit for bit in any dtype
     threads: int | None = None  # torch CPU threads (default: torch's choice, one per core; 1 on a shared machine)
     mlflow_tracking_uri: str | None = None
@@ -132,7 +133,7 @@ class SpotLM(LM):
             if args.threads < 1:
                 raise ValueError(f"threads={args.threads}: use threads >= 1 (1 on a machine shared with other work)")
             torch.set_num_threads(args.threads)
-        self.target = load_target(path, args.block_length, device, args.exact, dtype)
+        self.target = load_target(path, args.block_length, device, args.exact, dtype, args.cache)
         self._drafters = {s.label: build_drafter(s, self.target, self.config.policy) for s in self.specs if not s.needs_reference}
         self._sizings, profile = self._auto_sizings()
         # One MLflow run for the whole evaluation: rank 0's; the other ranks hand their records to it.
@@ -206,7 +207,9 @@ class SpotLM(LM):
         if store is None:
             return
         stamp = json.dumps(
-            {"target": self.target.name, "decoder": _config_dict(self.config), "exact": self.args.exact}, sort_keys=True
+            {"target": self.target.name, "decoder": _config_dict(self.config), "exact": self.args.exact}
+            | ({"cache": self.target.cache} if hasattr(self.target, "cache") else {}),
+            sort_keys=True,
         )
         found = store.get(CACHE_STAMP)
         if found is None:

@@ -40,6 +40,7 @@ class ProfileKey:
     dtype: str
     block_length: int
     exact: bool
+    cache: str | None = None  # a bidirectional target's frozen-cache decoder (spot.targets.dual_cache)
     version: int = VERSION
 
     def digest(self) -> str:
@@ -84,9 +85,10 @@ def _processor() -> str:
 
 
 def profile_key(target) -> ProfileKey:
-    """The key of a BlockCausalTarget loaded from a model directory (its `name`)."""
+    """The key of a target loaded from a model directory (its `name`)."""
     return ProfileKey(device_name(target.device), weights_digest(Path(target.name)),
-                      str(target.model.dtype).removeprefix("torch."), target.block_length, bool(target.exact))
+                      str(target.model.dtype).removeprefix("torch."), target.block_length, bool(target.exact),
+                      getattr(target, "cache", None))
 
 
 def verify_profile(target, remeasure: bool = False) -> Profile:

@@ -80,6 +80,7 @@ def collect(
     progress: Callable[[str], None] | None = None,
     workers: int = 1,
     threads: int | None = None,
+    cache: str | None = None,
 ) -> CollectResult:
     t0 = time.perf_counter()
     if min(prompts, shard_size, topk, workers) < 1:
@@ -93,7 +94,7 @@ def collect(
     pairs = training_pairs(sources)
     if prompts > len(pairs):
         raise ValueError(f"--prompts {prompts} exceeds the {len(pairs)} training prompts of {', '.join(sources)}")
-    model = load_target(target, block_length, device, dtype=dtype)
+    model = load_target(target, block_length, device, dtype=dtype, cache=cache)
     if chat and not getattr(model.tokenizer, "chat_template", None):
         raise ValueError(f"the tokenizer of {target} has no chat template; pass --no-chat to decode the raw prompts")
     settings = CollectSettings(gen_length, topk, seed, tuple(temperatures), chat, shard_size, threshold, tuple(sources))
@@ -125,7 +126,7 @@ def collect(
     decoder = ShardDecoder(plan(prompts, seed, len(pairs)), pairs, settings, policy)
     decoded = written = skipped_prompts = 0
     for index, first, count, shard, seconds in _decode_shards(
-        todo, decoder, model, target, block_length, device, dtype, workers, threads
+        todo, decoder, model, target, block_length, device, dtype, cache, workers, threads
     ):
         decoded += shard.requests
         skipped_prompts += shard.skipped_prompts
@@ -188,7 +189,7 @@ class ShardDecoder:
         return DecodedShard(records, requests, skipped)
 
 
-def _decode_shards(todo, decoder, model, target, block_length, device, dtype, workers, threads):
+def _decode_shards(todo, decoder, model, target, block_length, device, dtype, cache, workers, threads):
     """Yields (index, first, count, DecodedShard, seconds) per shard, in this process when workers
     is 1, else from a pool of `workers` processes with `threads` torch threads each (default: the
     cores shared out); the caller writes every shard, so only one process touches the directory."""
@@ -200,7 +201,7 @@ def _decode_shards(todo, decoder, model, target, block_length, device, dtype, wo
     threads = threads or max(1, (os.cpu_count() or 1) // workers)
     # spawn, not fork: a forked copy of a process that already ran torch ops can deadlock in OpenMP
     context = multiprocessing.get_context("spawn")
-    init = (str(target), block_length, device, dtype, threads, decoder)
+    init = (str(target), block_length, device, dtype, cache, threads, decoder)
     with ProcessPoolExecutor(workers, mp_context=context, initializer=_start_worker, initargs=init) as pool:
         jobs = {pool.submit(_worker_decode, first, count): (index, first, count) for index, first, count in todo}
         for job in as_completed(jobs):
@@ -211,11 +212,12 @@ def _decode_shards(todo, decoder, model, target, block_length, device, dtype, wo
 _WORKER: tuple[BlockCausalTarget, ShardDecoder] | None = None
 
 
-def _start_worker(target: str, block_length: int | None, device: str, dtype, threads: int, decoder: ShardDecoder) -> None:
+def _start_worker(target: str, block_length: int | None, device: str, dtype, cache: str | None, threads: int,
+                  decoder: ShardDecoder) -> None:
     global _WORKER
     torch.set_num_threads(threads)
     torch.set_grad_enabled(False)
-    _WORKER = (load_target(target, block_length, device, dtype=dtype), decoder)
+    _WORKER = (load_target(target, block_length, device, dtype=dtype, cache=cache), decoder)
 
 
 def _worker_decode(first: int, count: int) -> tuple[DecodedShard, float]:

@@ -168,6 +168,7 @@ def calibrate(
     device: str = "cpu",
     dtype: torch.dtype | None = None,
     progress: Callable[[str], None] | None = None,
+    cache: str | None = None,
 ) -> CalibrationResult:
     t0 = time.perf_counter()
     if prompts < 1 or nodes < 1 or max_depth < 1 or topk < 1:
@@ -176,7 +177,7 @@ def calibrate(
         )
     # Validates the policy and lengths before any weights load; the paper calibrates at T = 0.
     DecodeConfig(policy=policy, threshold=threshold, gen_length=gen_length, seed=seed)
-    model = load_target(target, block_length, device, dtype=dtype)
+    model = load_target(target, block_length, device, dtype=dtype, cache=cache)
     config = DecodeConfig(policy=policy, threshold=threshold, block_length=model.block_length, gen_length=gen_length, seed=seed)
     fingerprint = target_fingerprint(model, policy)
     ids = calibration_prompts(model, prompts, seed, gen_length, chat)

@@ -1,0 +1,248 @@
+"""Bidirectional targets (LLaDA, Dream) decoded block by block with a frozen KV cache: the dual-cache decoder.
+
+LLaDA and Dream attend over the whole canvas, prompt and generation alike, so a committed token
+changes every position's KV and no cache is exact. Fast-dLLM's caches [SRC: NVlabs/Fast-dLLM] make
+them fast by freezing KV for a whole block; here that approximation is *the decoder's definition*,
+and speculation is exact relative to it:
+
+    block start   one full forward over the canvas [committed blocks | block state | masks to the
+                  end]; it decides the block's first step, and the KV of every canvas position
+                  outside the live rows is kept, frozen, for the rest of the block.
+    later steps   only the live rows are fed; they attend to [frozen KV | themselves].
+
+`cache` says which rows are live in the later steps: "dual" (Fast-dLLM's dual cache: the block's K
+positions; the default), "prefix" (its prefix cache: the block and the masked suffix), "none" (the
+whole canvas: the uncached decoder, every step a full forward). A verify piece is one hypothetical
+block state in the live rows; it attends to the frozen KV and to its own rows only, never to another
+piece, in a batch of its own (as spot.targets.attention's exact layout), so its logits equal those
+of a later forward that has its state as the current one, bit for bit.
+
+With `shift` (Dream) position i's logits come from the hidden state at i - 1 (position 0's from its
+own). The block's first position then reads a row before the block; where that row is frozen, its
+final hidden state is frozen with the KV at block start [INF: Fast-dLLM instead commits the block's
+first token from the block-start forward, which our policies need not do].
+
+Blocks are aligned to absolute position 0, as for the block-causal targets, so a prompt's last
+partial block is decoded with the first generated tokens [INF: LLaDA's generate.py starts the first
+block at the prompt's end].
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from transformers import AttentionInterface, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+from spot.targets.checkpoint import FAMILIES, load_weights, read_checkpoint
+from spot.targets.memory import SAFE_FRACTION, free_bytes
+
+FROZEN = "spot_frozen_canvas"
+CACHES = ("dual", "prefix", "none")
+
+
+@dataclass
+class FrozenLayout:
+    """The rows of one forward: `canvas` rows of the full canvas (at block start, else 0), then `pieces`
+    x `live` rows. frozen: [F] the canvas positions whose KV is frozen; kv: layer -> the frozen keys and
+    values [1, Hkv, F, hd], filled by the block-start forward and read by every later one."""
+
+    canvas: int
+    pieces: int
+    live: int
+    frozen: torch.Tensor
+    kv: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+
+
+def frozen_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    frozen_layout: FrozenLayout | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """transformers' attention-function contract: query [1, H, R, hd], key/value [1, Hkv, R, hd] -> ([1, R, H, hd],
+    None). Canvas rows attend to the whole canvas; the rows of piece r to [frozen KV | piece r]."""
+    layout = frozen_layout
+    if layout is None:  # a plain forward: transformers' SDPA on the mask given
+        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
+    heads, dim = query.shape[1], query.shape[-1]
+    kv_heads, groups = key.shape[1], heads // key.shape[1]
+    c, p, n = layout.canvas, layout.pieces, layout.live
+    outs = []
+    if c:
+        outs.append(F.scaled_dot_product_attention(
+            query[:, :, :c], key[:, :, :c].repeat_interleave(groups, 1), value[:, :, :c].repeat_interleave(groups, 1), scale=scaling
+        ))  # [1, H, C, hd]
+        layout.kv[module.layer_idx] = (key[:, :, layout.frozen], value[:, :, layout.frozen])  # [1, Hkv, F, hd]
+    if p:
+        frozen_k, frozen_v = layout.kv.get(module.layer_idx, (key[:, :, :0], value[:, :, :0]))  # none frozen: no cache
+
+        def per_piece(x: torch.Tensor, frozen: torch.Tensor) -> torch.Tensor:  # -> [P, H, F + n, hd]
+            own = x[0, :, c:].reshape(kv_heads, p, n, dim).transpose(0, 1)  # [P, Hkv, n, hd]
+            return torch.cat([frozen.expand(p, -1, -1, -1), own], dim=2).repeat_interleave(groups, 1)
+
+        q = query[0, :, c:].reshape(heads, p, n, dim).transpose(0, 1)  # [P, H, n, hd]
+        out = F.scaled_dot_product_attention(q, per_piece(key, frozen_k), per_piece(value, frozen_v), scale=scaling)
+        outs.append(out.transpose(0, 1).reshape(1, heads, p * n, dim))  # [1, H, P*n, hd]
+    return torch.cat(outs, dim=2).transpose(1, 2).contiguous(), None
+
+
+AttentionInterface.register(FROZEN, frozen_attention)
+
+
+class DualCacheTarget:
+    """A bidirectional target under the frozen-cache decoder of the module docstring."""
+
+    exact = True  # pieces always score as one-piece forwards (the module docstring)
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        mask_id: int,
+        eos_ids: frozenset[int],
+        block_length: int,
+        tokenizer: PreTrainedTokenizerBase | None = None,
+        name: str = "",
+        cache: str = "dual",
+        shift: bool = False,
+    ) -> None:
+        if block_length < 1:
+            raise ValueError(f"block_length must be >= 1, got {block_length}")
+        if cache not in CACHES:
+            raise ValueError(f"cache {cache!r} is not one of {', '.join(CACHES)}")
+        model.set_attn_implementation(FROZEN)
+        for module in model.modules():
+            if hasattr(module, "is_causal"):
+                module.is_causal = False  # a plain forward (no layout, no mask) sees the whole canvas too
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.name = name
+        self.cache = cache
+        self.shift = shift
+        self.mask_id = mask_id
+        self.eos_ids = frozenset(eos_ids)
+        self.block_length = block_length
+        self.vocab_size = int(model.config.vocab_size)
+        self.max_positions = int(model.config.max_position_embeddings)
+        self.device = next(model.parameters()).device
+        self.forwards = 0
+        self._tokens = torch.empty(0, dtype=torch.long, device=self.device)  # [start]: the committed canvas
+        self._length = 0  # canvas positions
+        self._layout: FrozenLayout | None = None  # the active block's frozen KV
+        self._before: torch.Tensor | None = None  # [d] the frozen final hidden state before the block (shift)
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        path: str | Path,
+        block_length: int | None = None,
+        device: str | torch.device = "cpu",
+        dtype: torch.dtype = torch.float32,
+        cache: str = "dual",
+        trust_remote_code: bool = False,
+    ) -> DualCacheTarget:
+        """Load a LLaDA or Dream checkpoint directory (weights, tokenizer, ids; block size from the family)."""
+        config, info = read_checkpoint(path)
+        family = FAMILIES[info.model_type]
+        if family.attention != "bidirectional":
+            raise ValueError(f"{path} holds a {info.model_type} model, whose attention is {family.attention}: "
+                             "load it with spot.targets.BlockCausalTarget (spot.targets.from_pretrained does)")
+        tokenizer = AutoTokenizer.from_pretrained(str(path), config=config, trust_remote_code=trust_remote_code)
+        model = load_weights(path, config, family, dtype)
+        return cls(model.to(device), info.mask_id, info.eos_ids, block_length or info.block_size, tokenizer=tokenizer,
+                   name=str(path), cache=cache, shift=family.shift)
+
+    # -- the Target protocol ----------------------------------------------------------------------
+
+    def start(self, prefix: torch.Tensor, positions: int | None = None) -> None:
+        if prefix.numel() % self.block_length:
+            raise ValueError(f"prefix length {prefix.numel()} is not a multiple of the block length {self.block_length}")
+        if positions is None or positions % self.block_length or positions <= prefix.numel():
+            raise ValueError(f"a bidirectional target needs the request's canvas length in whole blocks after the "
+                             f"{prefix.numel()}-token prefix, got positions={positions}")
+        self._tokens = prefix.to(self.device, torch.long)
+        self._length = positions
+        self._layout, self._before = None, None
+
+    def commit(self, block: torch.Tensor) -> None:
+        self._tokens = torch.cat([self._tokens, block.to(self.device, torch.long)])
+        self._layout, self._before = None, None
+
+    @torch.inference_mode()
+    def verify(self, pieces: torch.Tensor, start: int) -> torch.Tensor:
+        """pieces [P, K] (row 0 the current state: at block start it fills the canvas) -> [P, K, V] logits."""
+        k = pieces.shape[1]
+        if start != self._tokens.numel():
+            raise RuntimeError(f"active block starts at {start} but the committed canvas ends at {self._tokens.numel()}")
+        if start + k > self._length:
+            raise ValueError(f"block ending at position {start + k} is past the canvas ({self._length} positions)")
+        pieces = pieces.to(self.device)
+        lo, hi = self._live(start)
+        masks = torch.full((self._length - start - k,), self.mask_id, dtype=torch.long, device=self.device)
+        canvas = self._layout is None and self.cache != "none"  # block start: compute the KV to freeze
+        if canvas:
+            live = torch.zeros(self._length, dtype=torch.bool, device=self.device)
+            live[lo:hi] = True
+            self._layout = FrozenLayout(self._length, 0, hi - lo, torch.nonzero(~live)[:, 0])
+        elif self._layout is None:  # no cache: nothing is frozen
+            self._layout = FrozenLayout(0, 0, hi - lo, torch.empty(0, dtype=torch.long, device=self.device))
+        fed = pieces[1:] if canvas else pieces  # [P', K]: the pieces fed as live rows
+        rows = torch.cat([self._tokens.expand(len(fed), -1), fed, masks.expand(len(fed), -1)], dim=1)[:, lo:hi]  # [P', n]
+        ids = [rows.reshape(-1)]
+        positions = [torch.arange(lo, hi, device=self.device).repeat(len(fed))]
+        if canvas:
+            ids.insert(0, torch.cat([self._tokens, pieces[0], masks]))  # [L]
+            positions.insert(0, torch.arange(self._length, device=self.device))
+        self._layout.canvas = self._length if canvas else 0
+        self._layout.pieces = len(fed)
+        hidden = self.model.model(
+            input_ids=torch.cat(ids)[None], position_ids=torch.cat(positions)[None], attention_mask=None,
+            use_cache=False, frozen_layout=self._layout,
+        ).last_hidden_state[0]  # [C + P'*n, d]
+        source = torch.arange(start, start + k, device=self.device) - int(self.shift)
+        source = source.clamp(min=0)  # [K]: the hidden row each block position's logits read
+        c = self._layout.canvas
+        if canvas and self.shift and start > 0 and lo == start:
+            self._before = hidden[start - 1].clone()
+        live_hidden = hidden[c:].view(len(fed), hi - lo, hidden.shape[-1])  # [P', n, d]
+        own = live_hidden[:, (source - lo).clamp(min=0)]  # [P', K, d]
+        if source[0] < lo:  # the row before the block is frozen
+            own[:, 0] = self._before
+        block_hidden = torch.cat([hidden[source][None], own]) if canvas else own  # [P, K, d]
+        logits = self.model.lm_head(block_hidden)  # [P, K, V]
+        self.forwards += 1
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)  # so that callers time the forward, not its launch
+        return logits.float()
+
+    def max_pieces(self, context: int) -> int:
+        """context: the canvas positions (the engine passes the request's)."""
+        config = self.model.config
+        element = next(self.model.parameters()).element_size()
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        live = self._rows(context)
+        per_row = (
+            config.num_attention_heads * context * 4  # one layer's attention scores over [frozen | own] (math path)
+            + 4 * config.intermediate_size * element  # one layer's MLP activations
+            + 2 * config.num_key_value_heads * head_dim * element  # a layer's fresh keys and values
+        )
+        per_piece = live * per_row + self.block_length * self.vocab_size * (element + 4)  # + logits and their fp32 copy
+        budget = SAFE_FRACTION * free_bytes(self.device) - context * per_row  # less the block-start canvas
+        return max(int(budget // per_piece), 0)
+
+    def _live(self, start: int) -> tuple[int, int]:
+        """The canvas positions [lo, hi) a piece recomputes with the active block at `start`."""
+        lo = 0 if self.cache == "none" else start
+        hi = start + self.block_length if self.cache == "dual" else self._length
+        return lo, hi
+
+    def _rows(self, context: int) -> int:
+        """Live rows per piece for the widest case (the first block) of a `context`-position canvas."""
+        return self.block_length if self.cache == "dual" else context

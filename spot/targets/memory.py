@@ -1,0 +1,21 @@
+"""The device memory a verify forward may plan on."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+SAFE_FRACTION = 0.5  # of the free memory one verify may plan to use: the estimates leave out temporaries
+
+
+def free_bytes(device: torch.device) -> int:
+    """Free memory on `device`: CUDA's own count, else the host's available memory."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        meminfo = Path("/proc/meminfo").read_text()
+        return int(next(line.split()[1] for line in meminfo.splitlines() if line.startswith("MemAvailable:"))) * 1024
+    except (OSError, StopIteration):
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
