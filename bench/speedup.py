@@ -45,7 +45,7 @@ def prompts_for(task: str, n: int) -> list[str]:
 
 def run_seed(target, prompts: list[list[int]], config: DecodeConfig, specs, seed: int) -> pd.DataFrame:
     config = replace(config, seed=seed)
-    drafters = {s.label: build_drafter(s, target, config.policy) for s in specs}
+    drafters = {s.label: build_drafter(s, target, config.policy, threshold=config.threshold) for s in specs}
     profile = verify_profile(target) if any(s.auto for s in specs) else None
     sizings = {s.label: Refitted(auto_sizing(target, drafters[s.label], replace(config, budget=s.budget), profile))
                for s in specs if s.auto}  # refitted to decoding's timings after every prompt, as lm_eval runs it
@@ -83,6 +83,7 @@ def main() -> None:
     parser.add_argument("--seeds", default="0", help="e.g. 0+1+2")
     parser.add_argument("--methods", default="spot@8+spot@20+spiffy@3+spiffy@10")
     parser.add_argument("--unmasking", default="single")
+    parser.add_argument("--threshold", type=float, default=0.9, help="the threshold and dynamic policies' tau")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     args = parser.parse_args()
@@ -91,7 +92,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     target = load_target(args.target, args.block, args.device)
     prompts = [encode_prompt(target, p, chat=True) for p in prompts_for(args.task, args.prompts)]
-    config = DecodeConfig(policy=args.unmasking, block_length=args.block, gen_length=args.gen,
+    config = DecodeConfig(policy=args.unmasking, threshold=args.threshold, block_length=args.block, gen_length=args.gen,
                           sampling=Sampling(temperature=args.temperature))
     specs = parse_methods(args.methods, "")
     generate(target, prompts[0], replace(config, gen_length=args.block))  # warm-up
@@ -112,7 +113,7 @@ def main() -> None:
         methods[label] = entry
     print(json.dumps({
         "bench": "speedup", "target": args.target, "task": args.task, "prompts": len(prompts), "block": args.block,
-        "gen": args.gen, "temperature": args.temperature, "seeds": seeds, "unmasking": args.unmasking,
+        "gen": args.gen, "temperature": args.temperature, "seeds": seeds, "unmasking": args.unmasking, "threshold": args.threshold,
         "device": args.device, "methods": methods,
     }))
 

@@ -81,6 +81,25 @@ class Edge:
     token: int
     logp: float
 
+    def apply(self, state: torch.Tensor) -> torch.Tensor:
+        child = state.clone()
+        child[self.position] = self.token
+        return child
+
+
+@dataclass(frozen=True)
+class SetEdge:
+    """One step that commits a set of positions (SPOT-Sets), with its log-score."""
+
+    positions: tuple[int, ...]
+    tokens: tuple[int, ...]
+    logp: float
+
+    def apply(self, state: torch.Tensor) -> torch.Tensor:
+        child = state.clone()
+        child[list(self.positions)] = torch.tensor(self.tokens, dtype=state.dtype)
+        return child
+
 
 @dataclass(frozen=True)
 class Frontier:
@@ -92,8 +111,8 @@ class Frontier:
     depths: tuple[int, ...]
 
 
-# expand(frontier) -> for each node its edges, sorted by logp descending.
-Expander = Callable[[Frontier], list[list[Edge]]]
+# expand(frontier) -> for each node its edges (Edge or SetEdge), sorted by logp descending.
+Expander = Callable[[Frontier], list[list[Edge]] | list[list[SetEdge]]]
 
 _EXPAND, _EDGE = 0, 1
 
@@ -101,7 +120,8 @@ _EXPAND, _EDGE = 0, 1
 def grow_best_first(
     root: torch.Tensor, budget: int, expand: Expander, gamma: Sequence[float] | None = None
 ) -> DraftTree:
-    """Best-first tree growth under a node budget (DDTree's heap, arXiv 2604.12989, over commits).
+    """Best-first tree growth under a node budget (DDTree's heap, arXiv 2604.12989, over commit steps:
+    an edge commits one position, or a set of them).
 
     A node's score is the sum over its path of gamma[depth] * edge.logp (gamma = 1: the path's
     log-probability). A heap pops the best frontier item; popping a candidate edge adds its child
@@ -120,7 +140,7 @@ def grow_best_first(
     states, parents, score, depth = [root], [()], [0.0], [0]
     logp = [0.0]  # the path's log-score without gamma: what reach is calibrated on
     seen = {tuple(root.tolist())}
-    edges: dict[int, list[Edge]] = {}
+    edges: dict[int, list[Edge] | list[SetEdge]] = {}
     heap: list[tuple[float, int, int, int, int]] = [(-0.0, 0, _EXPAND, 0, 0)]  # (-score, tiebreak, kind, node, rank)
     tiebreak = 1
 
@@ -151,8 +171,7 @@ def grow_best_first(
             continue
         push_edge(node, rank + 1)
         edge = edges[node][rank]
-        child = states[node].clone()
-        child[edge.position] = edge.token
+        child = edge.apply(states[node])
         key = tuple(child.tolist())
         if key in seen:
             continue

@@ -169,6 +169,20 @@ def _calibrate_reach(args: argparse.Namespace) -> None:
                                              args.all_blocks)))
 
 
+def _fit_sets_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--trajectories", nargs="+", required=True, help="directories from spot-eval collect --policy threshold")
+    p.add_argument("--out", required=True, help="the set predictor JSON to write")
+    p.add_argument("--depths", type=int, default=4, help="tree depths with coefficients of their own (deeper ones share the last)")
+
+
+def _fit_sets(args: argparse.Namespace) -> None:
+    from spot_eval.training.fit_sets import fit_sets_command
+
+    if args.depths < 1:
+        raise ValueError(f"--depths must be >= 1, got {args.depths}")
+    print(json.dumps(fit_sets_command(args.trajectories, args.out, args.depths)))
+
+
 def _train_target_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="output model directory")
     p.add_argument("--seed", type=int, default=0)
@@ -451,6 +465,7 @@ COMMANDS = (
     Command("sync", "replay the runs spooled during an MLflow outage into the tracking store", _sync_flags, _sync),
     Command("fit-gamma", "fit SPOT-gamma's per-depth exponents on held-out trajectories", _fit_gamma_flags, _fit_gamma),
     Command("calibrate-reach", "fit the reach calibration budget=auto sizes SPOT's trees by", _calibrate_reach_flags, _calibrate_reach),
+    Command("fit-sets", "fit SPOT-Sets' stale set predictor on threshold trajectories", _fit_sets_flags, _fit_sets),
     Command("profile", "measure (or show the cached) verify-cost profile of a target on this device", _profile_flags, _profile),
     Command("nightly", "run a suite through lm-eval, compare with a baseline, write a report, gate", _nightly_flags, _nightly),
     Command("compare", "SPOT vs Spiffy tables (throughput and forward ratios) from MLflow or results files", _compare_flags, _compare),

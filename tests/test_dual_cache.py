@@ -8,24 +8,19 @@ from __future__ import annotations
 import copy
 import json
 import re
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import write_checkpoint
+from conftest import tiny_target, write_checkpoint
 from safetensors.torch import load_file, save_file
+from test_llada2 import every_drafter_is_lossless, training_commands_work
 from test_lm import lm_eval_runs_losslessly
 from test_sdar_target import random_states
-from test_spiffy import calibrated
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import DynamicCache, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 from spot import DecodeConfig, Sampling, generate
-from spot.drafters import AdversarialDrafter, OracleDrafter, RandomDrafter
-from spot.drafters.order_model import OrderModel
-from spot.drafters.spiffy import SpiffyDrafter
-from spot.drafters.spot import SpotDrafter
 from spot.engine import finished
 from spot.noise import gumbel, step_key
 from spot.policy import decide
@@ -225,45 +220,13 @@ def test_pieces_score_bit_for_bit_as_one_piece_forwards(name, dtype):
 def test_every_drafter_is_lossless_relative_to_the_dual_cache_decoder(name, temperature):
     build, _, shift = TARGETS[name]
     target = DualCacheTarget(build(seed=4), MASK, frozenset({EOS}), 16, shift=shift)
-    prompt = list(range(1, 12))
-    for config in (DecodeConfig(block_length=16, gen_length=40, sampling=Sampling(temperature), seed=4),
-                   DecodeConfig(policy="threshold", threshold=0.5, block_length=16, gen_length=40,
-                                sampling=Sampling(temperature), seed=4)):
-        reference = generate(target, prompt, config, record=True)
-        torch.manual_seed(0)
-        drafters = [OracleDrafter(reference.trajectory), AdversarialDrafter(reference.trajectory, VOCAB),
-                    RandomDrafter(VOCAB, seed=2), SpotDrafter(OrderModel(), gate=0.9)]
-        if config.policy == "single":
-            drafters.append(SpiffyDrafter(calibrated(target, 16, "single"), prune_to=3))
-        for drafter in drafters:
-            for budget in (1, 8):
-                got = generate(target, prompt, replace(config, budget=budget), drafter=drafter)
-                assert got.token_ids == reference.token_ids, (config.policy, drafter.name, budget)
-                assert got.stats.forwards <= reference.stats.forwards or drafter.name != "oracle"
+    every_drafter_is_lossless(target, "threshold", temperature)
 
 
 def test_the_training_commands_and_decode_work_on_a_llada_directory(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # budget=auto's profile
     path = write_llada(tmp_path / "llada", tiny_llada(seed=5))
-    out, drafter, graph = tmp_path / "traj", tmp_path / "spot.pt", tmp_path / "spiffy.json"
-    main(["collect", "--target", str(path), "--out", str(out), "--prompts", "3", "--gen-length", "64", "--no-chat",
-          "--shard-size", "2", "--temperatures", "0,1"])
-    assert json.loads(capsys.readouterr().out)["decoded"] == 3
-    main(["train-drafter", "--trajectories", str(out), "--out", str(drafter), "--steps", "3", "--batch-size", "32",
-          "--heldout", "0.34"])
-    capsys.readouterr()
-    main(["calibrate-reach", "--drafter", str(drafter), "--trajectories", str(out), "--budget", "4", "--all-blocks"])
-    assert json.loads(capsys.readouterr().out)["stale"]["trees"] > 0
-    main(["spiffy-calibrate", "--target", str(path), "--out", str(graph), "--prompts", "2", "--gen-length", "64", "--no-chat"])
-    capsys.readouterr()
-    decoded = {}
-    for method, extra in (("draft_free", []), ("spot", ["--drafter", str(drafter), "--budget", "auto"]),
-                          ("spiffy", ["--drafter", str(graph), "--budget", "3"])):
-        main(["decode", "--pretrained", str(path), "--method", method, *extra, "--prompt", "t1 t2 t3", "--gen-length", "64",
-              "--json", "--threads", "1"])
-        decoded[method] = json.loads(capsys.readouterr().out)["token_ids"]
-    assert decoded["spot"] == decoded["draft_free"] == decoded["spiffy"]
-    assert len(decoded["draft_free"]) == 64
+    drafter = training_commands_work(path, tmp_path, capsys)
     # Drafters belong to the decoder they were trained on: the uncached one refuses this one.
     with pytest.raises(SystemExit):
         main(["decode", "--pretrained", str(path), "--cache", "none", "--method", "spot", "--drafter", str(drafter),
@@ -280,3 +243,23 @@ def test_the_cache_option_belongs_to_bidirectional_targets(tmp_path):
 
 def test_lm_eval_runs_a_llada_directory(tmp_path):
     lm_eval_runs_losslessly(write_llada(tmp_path / "llada", tiny_llada(seed=6)), tmp_path)
+
+
+@pytest.mark.parametrize("name", ["sdar", *TARGETS])
+def test_a_verify_leaves_the_lm_heads_inputs_and_the_embeddings_are_the_models(name):
+    """What SPOT-Sets' drafter reads: the pieces' final hidden states, at no extra forward, and the token embeddings."""
+    if name == "sdar":
+        target = tiny_target(16)
+    else:
+        build, _, shift = TARGETS[name]
+        target = DualCacheTarget(build(seed=7), MASK, frozenset({EOS}), 16, shift=shift)
+    states = random_states(3, 16, committed=5, seed=1)
+    target.start(torch.arange(16) % 50, 48)
+    for _ in range(2):  # the block-start forward (the prefix riding along), then a later one
+        logits = target.verify(states, 16)
+        forwards = target.forwards
+        assert target.hidden.shape == (3, 16, target.model.config.hidden_size)
+        with torch.inference_mode():
+            assert torch.allclose(target.model.lm_head(target.hidden).float(), logits, atol=1e-5)
+        assert target.forwards == forwards
+    assert target.embeddings() is target.model.get_input_embeddings().weight

@@ -17,6 +17,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from spot import DecodeConfig, Sampling, generate
+from spot.config import SCHEDULED
 from spot.drafters import AdversarialDrafter, OracleDrafter, RandomDrafter
 from spot.drafters.order_model import OrderModel
 from spot.drafters.spiffy import SpiffyDrafter
@@ -139,8 +140,16 @@ def test_every_drafter_is_lossless_under_llada2s_commit_rule(temperature):
     """LLaDA2.0's generate: commit every masked position whose confidence is above the threshold when
     at least the scheduled count are, else the scheduled count by confidence (policy `dynamic`)."""
     target = BlockCausalTarget(tiny_llada2(seed=3), MASK, frozenset({EOS}), 16, exact=True)
+    every_drafter_is_lossless(target, "dynamic", temperature)
+
+
+def every_drafter_is_lossless(target, policy: str, temperature: float) -> None:
+    """Under `policy` (threshold 0.5; 16 steps a block for a scheduled one) and `single`: the oracle, adversarial,
+    random and an untrained SPOT drafter (Spiffy too under single), budgets 1 and 8, token-identical to
+    draft-free; the oracle never needs more forwards."""
     prompt = list(range(1, 12))
-    for config in (DecodeConfig(policy="dynamic", threshold=0.5, steps=16, block_length=16, gen_length=40,
+    steps = 16 if policy in SCHEDULED else None
+    for config in (DecodeConfig(policy=policy, threshold=0.5, steps=steps, block_length=16, gen_length=40,
                                 sampling=Sampling(temperature), seed=4),
                    DecodeConfig(block_length=16, gen_length=40, sampling=Sampling(temperature), seed=4)):
         reference = generate(target, prompt, config, record=True)
@@ -153,13 +162,13 @@ def test_every_drafter_is_lossless_under_llada2s_commit_rule(temperature):
             for budget in (1, 8):
                 got = generate(target, prompt, replace(config, budget=budget), drafter=drafter)
                 assert got.token_ids == reference.token_ids, (config.policy, drafter.name, budget)
+                assert got.stats.forwards <= reference.stats.forwards or drafter.name != "oracle"
 
 
-def test_the_training_commands_and_decode_work_on_a_llada2_directory(tmp_path, capsys, monkeypatch):
-    """collect, train-drafter, spiffy-calibrate and calibrate-reach on LLaDA2.0 trajectories; the drafters
-    carry this target's fingerprint and decode losslessly through `spot-eval decode`."""
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # budget=auto's profile
-    path = write_llada2(tmp_path / "llada2", tiny_llada2(seed=4))
+def training_commands_work(path: Path, tmp_path: Path, capsys) -> Path:
+    """collect, train-drafter, calibrate-reach and spiffy-calibrate on the target in `path`; the drafters
+    carry its fingerprint and decode token-identically to draft-free through `spot-eval decode` (SPOT at
+    budget auto, Spiffy at 3). Returns the SPOT drafter."""
     out, drafter, graph = tmp_path / "traj", tmp_path / "spot.pt", tmp_path / "spiffy.json"
     main(["collect", "--target", str(path), "--out", str(out), "--prompts", "3", "--gen-length", "64", "--no-chat",
           "--shard-size", "2", "--temperatures", "0,1"])
@@ -178,7 +187,13 @@ def test_the_training_commands_and_decode_work_on_a_llada2_directory(tmp_path, c
         main(["decode", "--pretrained", str(path), "--method", method, *extra, "--prompt", "t1 t2 t3", "--gen-length", "64",
               "--json", "--threads", "1"])
         decoded[method] = json.loads(capsys.readouterr().out)["token_ids"]
-    assert decoded["spot"] == decoded["draft_free"] == decoded["spiffy"]
+    assert decoded["spot"] == decoded["draft_free"] == decoded["spiffy"] and len(decoded["draft_free"]) == 64
+    return drafter
+
+
+def test_the_training_commands_and_decode_work_on_a_llada2_directory(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # budget=auto's profile
+    training_commands_work(write_llada2(tmp_path / "llada2", tiny_llada2(seed=4)), tmp_path, capsys)
 
 
 def test_lm_eval_runs_a_llada2_directory(tmp_path):

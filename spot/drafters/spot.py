@@ -18,7 +18,7 @@ from dataclasses import replace
 import torch
 
 from spot.drafters.base import DraftContext
-from spot.drafters.order_model import OrderModel, Prediction, Prior, features, predict, step_noise_at_topk
+from spot.drafters.order_model import OrderModel, Prediction, Prior, depth_predictions, features
 from spot.drafters.reach import ReachCalibration
 from spot.drafters.stale import StaleOrder
 from spot.policy import topk_logprobs
@@ -111,7 +111,7 @@ class SpotDrafter:
         # node id -> [K] its masked positions; the root's parent (-1) is the state of the stale logits,
         # so each node's last commit is where its parent was masked and it is not
         masked_at = {-1: root_masked if ctx.stale_state is None else (ctx.stale_state == ctx.mask_id).to(device)}
-        predictions = _predictions(lp, ids, ctx, temperature)  # depth -> [K, 2] tokens and probabilities
+        predictions = depth_predictions(lp, ids, ctx, temperature)  # depth -> [K, 2] tokens and probabilities
         order_logits: dict[int, torch.Tensor] = {}  # node id -> [K] the order model's logits at that node
         scored_by: dict[int, int] = {}  # node id -> the node whose order logits score it (itself or an ancestor)
         tables: dict[tuple[int, int], list[tuple[float, int, int]]] = {}
@@ -164,21 +164,6 @@ class SpotDrafter:
         tree = grow_best_first(ctx.state, ctx.budget, expand, self.gamma)
         reach = self.stale.reach if stale_mode else self.reach
         return tree if reach is None else replace(tree, reach=(1.0, *reach(tree.scores[1:])))
-
-
-def _predictions(lp: torch.Tensor, ids: torch.Tensor, ctx: DraftContext, temperature: float) -> list[Prediction]:
-    """The Prediction of every depth a tree can reach (one at T = 0, where the ranking has no noise).
-    At T > 0 depth d stands for step ctx.step + d, ranked under that step's noise (the verifier's
-    coupled draw); a tree of budget B has nodes down to depth min(B, masked positions), and one
-    batched draw of all of them costs about two single draws (about 0.1 ms each on a CPU), less than
-    the three or more a tree asks for one by one. lp, ids: [K, k]."""
-    if temperature == 0:
-        return [predict(lp, ids, temperature, None)]
-    depths = min(ctx.budget, int((ctx.state == ctx.mask_id).sum())) + 1
-    steps = range(ctx.step, ctx.step + depths)
-    noise = step_noise_at_topk(ctx.config.seed, ctx.request, ctx.block, steps, ids)  # [D, K, k]
-    batch = predict(lp.expand(depths, -1, -1), ids.expand(depths, -1, -1), temperature, noise)  # [D, K, 2]
-    return [Prediction(batch.tokens[d], batch.probs[d], batch.margin[d]) for d in range(depths)]
 
 
 def _renormalised(table: list[tuple[float, int, int]], masked: list[bool], logits: torch.Tensor, budget: int) -> list[Edge]:

@@ -24,6 +24,7 @@ class Target(Protocol):
     max_positions: int
     device: torch.device
     forwards: int  # model calls so far (prefill, verify and block commits alike)
+    hidden: torch.Tensor | None  # [P, K, d] the last verify's LM-head inputs per piece and position (no extra forward)
 
     def start(self, prefix: torch.Tensor, positions: int | None = None) -> None:
         """Forget any previous request; `prefix` [L] (L a multiple of K) is the cache to build.
@@ -46,6 +47,40 @@ class Target(Protocol):
     def commit(self, block: torch.Tensor) -> None:
         """Append a finished block [K] to the cache (may be folded into the next forward)."""
 
+    def embeddings(self) -> torch.Tensor:
+        """[V, d] the token-embedding matrix (what a drafter may project the tokens it reads on)."""
+
     def max_pieces(self, context: int) -> int:
         """The most pieces one `verify` can hold in the device memory free now, with `context`
         positions before the active block (an estimate on the safe side)."""
+
+
+class ModelTarget:
+    """What the targets over a transformers model share: the protocol's attributes, counting forwards,
+    the embeddings."""
+
+    def __init__(self, model, mask_id: int, eos_ids: frozenset[int], block_length: int, tokenizer=None, name: str = "") -> None:
+        if block_length < 1:
+            raise ValueError(f"block_length must be >= 1, got {block_length}")
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.name = name
+        self.mask_id = mask_id
+        self.eos_ids = frozenset(eos_ids)
+        self.block_length = block_length
+        self.vocab_size = int(model.config.vocab_size)
+        self.max_positions = int(model.config.max_position_embeddings)
+        self.device = next(model.parameters()).device
+        self.forwards = 0
+        self.hidden: torch.Tensor | None = None
+
+    def embeddings(self) -> torch.Tensor:
+        return self.model.get_input_embeddings().weight
+
+    def _counted(self, logits: torch.Tensor) -> torch.Tensor:
+        """A verify's logits in float32, the forward counted and, on CUDA, finished (so that callers
+        time the forward, not its launch)."""
+        self.forwards += 1
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return logits.float()

@@ -30,12 +30,13 @@ from transformers import AutoTokenizer, DynamicCache, PreTrainedModel, PreTraine
 from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeExperts
 
 from spot.targets.attention import PIECES, PieceLayout
+from spot.targets.base import ModelTarget
 from spot.targets.checkpoint import FAMILIES, load_weights, read_checkpoint
-from spot.targets.memory import SAFE_FRACTION, free_bytes
+from spot.targets.memory import SAFE_FRACTION, free_bytes, layer_row_bytes
 from spot.targets.sdar import row_invariant_experts, use_sdar_norms
 
 
-class BlockCausalTarget:
+class BlockCausalTarget(ModelTarget):
     """A block-diffusion target over a transformers-style causal LM (see the module docstring)."""
 
     def __init__(
@@ -48,8 +49,6 @@ class BlockCausalTarget:
         name: str = "",
         exact: bool = False,
     ) -> None:
-        if block_length < 1:
-            raise ValueError(f"block_length must be >= 1, got {block_length}")
         self.exact = exact
         if exact:
             model.set_attn_implementation(PIECES)
@@ -57,16 +56,7 @@ class BlockCausalTarget:
                 if isinstance(module, Qwen3MoeExperts):
                     module.forward = types.MethodType(row_invariant_experts, module)
         use_sdar_norms(model)
-        self.model = model.eval()
-        self.tokenizer = tokenizer
-        self.name = name
-        self.mask_id = mask_id
-        self.eos_ids = frozenset(eos_ids)
-        self.block_length = block_length
-        self.vocab_size = int(model.config.vocab_size)
-        self.max_positions = int(model.config.max_position_embeddings)
-        self.device = next(model.parameters()).device
-        self.forwards = 0
+        super().__init__(model, mask_id, eos_ids, block_length, tokenizer, name)
         self._cache = DynamicCache(config=model.config)
         self._pending = torch.empty(0, dtype=torch.long, device=self.device)  # [Lp]
 
@@ -141,12 +131,10 @@ class BlockCausalTarget:
             input_ids=input_ids, position_ids=positions, cache=self._cache, use_cache=True, **attention
         ).last_hidden_state  # [1, Lp + P*K, d]
         logits = self.model.lm_head(hidden[0, n_pending:]).view(n_pieces, k, -1)  # [P, K, V]
+        self.hidden = hidden[0, n_pending:].view(n_pieces, k, -1)  # [P, K, d]
         self._cache.crop(-(n_pieces * k))  # keep the completed blocks only
         self._pending = self._pending[:0]
-        self.forwards += 1
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)  # so that callers time the forward, not its launch
-        return logits.float()
+        return self._counted(logits)
 
     def max_pieces(self, context: int) -> int:
         config = self.model.config
@@ -154,8 +142,7 @@ class BlockCausalTarget:
         kv_per_token = 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * element
         per_position = (
             self.vocab_size * (element + 4)  # logits, and their float32 copy
-            + config.num_attention_heads * (context + self.block_length) * 4  # one layer's attention scores (math path)
-            + 4 * config.intermediate_size * element  # one layer's MLP activations
+            + layer_row_bytes(config, element, context + self.block_length)
             + kv_per_token  # the pieces' keys and values, cached until the crop
         )
         return int(SAFE_FRACTION * free_bytes(self.device) // (self.block_length * per_position))

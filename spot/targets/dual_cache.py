@@ -37,8 +37,9 @@ import torch.nn.functional as F
 from transformers import AttentionInterface, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+from spot.targets.base import ModelTarget
 from spot.targets.checkpoint import FAMILIES, load_weights, read_checkpoint
-from spot.targets.memory import SAFE_FRACTION, free_bytes
+from spot.targets.memory import SAFE_FRACTION, free_bytes, layer_row_bytes
 
 FROZEN = "spot_frozen_canvas"
 CACHES = ("dual", "prefix", "none")
@@ -97,7 +98,7 @@ def frozen_attention(
 AttentionInterface.register(FROZEN, frozen_attention)
 
 
-class DualCacheTarget:
+class DualCacheTarget(ModelTarget):
     """A bidirectional target under the frozen-cache decoder of the module docstring."""
 
     exact = True  # pieces always score as one-piece forwards (the module docstring)
@@ -113,26 +114,15 @@ class DualCacheTarget:
         cache: str = "dual",
         shift: bool = False,
     ) -> None:
-        if block_length < 1:
-            raise ValueError(f"block_length must be >= 1, got {block_length}")
         if cache not in CACHES:
             raise ValueError(f"cache {cache!r} is not one of {', '.join(CACHES)}")
         model.set_attn_implementation(FROZEN)
         for module in model.modules():
             if hasattr(module, "is_causal"):
                 module.is_causal = False  # a plain forward (no layout, no mask) sees the whole canvas too
-        self.model = model.eval()
-        self.tokenizer = tokenizer
-        self.name = name
+        super().__init__(model, mask_id, eos_ids, block_length, tokenizer, name)
         self.cache = cache
         self.shift = shift
-        self.mask_id = mask_id
-        self.eos_ids = frozenset(eos_ids)
-        self.block_length = block_length
-        self.vocab_size = int(model.config.vocab_size)
-        self.max_positions = int(model.config.max_position_embeddings)
-        self.device = next(model.parameters()).device
-        self.forwards = 0
         self._tokens = torch.empty(0, dtype=torch.long, device=self.device)  # [start]: the committed canvas
         self._length = 0  # canvas positions
         self._layout: FrozenLayout | None = None  # the active block's frozen KV
@@ -216,11 +206,9 @@ class DualCacheTarget:
         if source[0] < lo:  # the row before the block is frozen
             own[:, 0] = self._before
         block_hidden = torch.cat([hidden[source][None], own]) if canvas else own  # [P, K, d]
+        self.hidden = block_hidden
         logits = self.model.lm_head(block_hidden)  # [P, K, V]
-        self.forwards += 1
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)  # so that callers time the forward, not its launch
-        return logits.float()
+        return self._counted(logits)
 
     def max_pieces(self, context: int) -> int:
         """context: the canvas positions (the engine passes the request's)."""
@@ -228,11 +216,7 @@ class DualCacheTarget:
         element = next(self.model.parameters()).element_size()
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         live = self._rows(context)
-        per_row = (
-            config.num_attention_heads * context * 4  # one layer's attention scores over [frozen | own] (math path)
-            + 4 * config.intermediate_size * element  # one layer's MLP activations
-            + 2 * config.num_key_value_heads * head_dim * element  # a layer's fresh keys and values
-        )
+        per_row = layer_row_bytes(config, element, context) + 2 * config.num_key_value_heads * head_dim * element  # + fresh KV
         per_piece = live * per_row + self.block_length * self.vocab_size * (element + 4)  # + logits and their fp32 copy
         budget = SAFE_FRACTION * free_bytes(self.device) - context * per_row  # less the block-start canvas
         return max(int(budget // per_piece), 0)

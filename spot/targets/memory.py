@@ -19,3 +19,9 @@ def free_bytes(device: torch.device) -> int:
         return int(next(line.split()[1] for line in meminfo.splitlines() if line.startswith("MemAvailable:"))) * 1024
     except (OSError, StopIteration):
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def layer_row_bytes(config, element: int, keys: int) -> int:
+    """One token row's transient bytes in one layer: its attention scores over `keys` keys (fp32, the math
+    path) and its MLP activations (`element` bytes per value)."""
+    return config.num_attention_heads * keys * 4 + 4 * config.intermediate_size * element

@@ -15,7 +15,7 @@ EMBEDDED_TARGET = ASSETS / "target"  # the small SDAR-architecture target this p
 DRAFTERS = ASSETS / "drafters"
 
 # Drafter method -> (file stem, suffix); one file per block length, trained for the embedded target.
-_DRAFTER_FILES = {"spot": ("spot", "pt"), "spot_gamma": ("spot", "pt"), "spiffy": ("spiffy", "json")}
+_DRAFTER_FILES = {"spot": ("spot", "pt"), "spot_gamma": ("spot", "pt"), "spiffy": ("spiffy", "json"), "sets": ("sets", "json")}
 
 
 def shipped_drafter(method: str, block_length: int) -> Path:

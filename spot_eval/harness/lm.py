@@ -134,7 +134,8 @@ class SpotLM(LM):
                 raise ValueError(f"threads={args.threads}: use threads >= 1 (1 on a machine shared with other work)")
             torch.set_num_threads(args.threads)
         self.target = load_target(path, args.block_length, device, args.exact, dtype, args.cache)
-        self._drafters = {s.label: build_drafter(s, self.target, self.config.policy) for s in self.specs if not s.needs_reference}
+        self._drafters = {s.label: build_drafter(s, self.target, self.config.policy, threshold=self.config.threshold)
+                          for s in self.specs if not s.needs_reference}
         self._sizings, profile = self._auto_sizings()
         # One MLflow run for the whole evaluation: rank 0's; the other ranks hand their records to it.
         tracking = TrackingConfig(self.args.mlflow_tracking_uri, self.args.mlflow_experiment)
@@ -284,7 +285,7 @@ class SpotLM(LM):
         mask_id = self.target.mask_id
         methods = [MethodRecord.of("draft_free", 0, reference, reference, config, mask_id)]
         for spec in self.specs:
-            drafter = self._drafters.get(spec.label) or build_drafter(spec, self.target, config.policy, reference)
+            drafter = self._drafters.get(spec.label) or build_drafter(spec, self.target, config.policy, reference, config.threshold)
             auto = self._sizings.get(spec.label)
             got = generate(
                 self.target, ids, replace(config, budget=spec.budget),

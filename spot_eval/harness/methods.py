@@ -17,7 +17,7 @@ from spot.drafters import AdversarialDrafter, Drafter, OracleDrafter, RandomDraf
 from spot_eval.checkpoints.shipped import shipped_drafter
 from spot_eval.harness.settings import as_int
 
-LEARNED = ("spot", "spot_gamma", "spiffy")
+LEARNED = ("spot", "spot_gamma", "spiffy", "sets")
 AUTO = ("spot", "spot_gamma", "spiffy")  # the drafters that know their reach (budget=auto)
 MAX_BUDGET = 20  # budget=auto's default cap: the paper's largest budget
 REFERENCE = ("random", "adversarial", "oracle")  # need the draft-free trajectory (oracle, adversarial)
@@ -82,7 +82,11 @@ _KINDS = {
     "spot": (b"PK", "an order-model checkpoint (.pt, spot-eval train-drafter)"),
     "spot_gamma": (b"PK", "an order-model checkpoint (.pt, spot-eval train-drafter)"),
     "spiffy": (b"{", "a Spiffy graph (.json, spot-eval spiffy-calibrate)"),
+    "sets": (b"{", "a set predictor (.json, spot-eval fit-sets)"),
 }
+
+
+_FIT = {"spiffy": "spiffy-calibrate", "sets": "fit-sets"}  # the command that makes each method's file
 
 
 def drafter_file(spec: MethodSpec, block_length: int) -> Path | None:
@@ -97,7 +101,7 @@ def drafter_file(spec: MethodSpec, block_length: int) -> Path | None:
             raise FileNotFoundError(f"{spec.name} drafter file {path} does not exist")
         raise FileNotFoundError(
             f"no {spec.name} drafter ships for block length {block_length}: train one for this target "
-            f"(spot-eval collect, then {'spiffy-calibrate' if spec.name == 'spiffy' else 'train-drafter'}) and pass it "
+            f"(spot-eval collect, then {_FIT.get(spec.name, 'train-drafter')}) and pass it "
             f"(lm_eval: methods={spec.name}:PATH; spot-eval decode: --drafter PATH)"
         )
     with path.open("rb") as f:
@@ -107,9 +111,9 @@ def drafter_file(spec: MethodSpec, block_length: int) -> Path | None:
     return path
 
 
-def build_drafter(spec: MethodSpec, target, policy: str, reference=None) -> Drafter:
+def build_drafter(spec: MethodSpec, target, policy: str, reference=None, threshold: float | None = None) -> Drafter:
     """The drafter for one spec. `reference` is the request's draft-free Generation (record=True),
-    needed only by the oracle and the adversary."""
+    needed only by the oracle and the adversary; `threshold` the decoder's (sets checks its predictor's)."""
     if spec.name == "random":
         return RandomDrafter(target.vocab_size)
     if spec.name == "oracle":
@@ -117,6 +121,11 @@ def build_drafter(spec: MethodSpec, target, policy: str, reference=None) -> Draf
     if spec.name == "adversarial":
         return AdversarialDrafter(reference.trajectory, target.vocab_size)
     path = drafter_file(spec, target.block_length)
+    if spec.name == "sets":
+        from spot.drafters.sets import SetsDrafter
+        from spot_eval.checkpoints.set_predictor import set_predictor_for_target
+
+        return SetsDrafter(set_predictor_for_target(target, policy, threshold, path))
     if spec.name == "spiffy":
         from spot.drafters.spiffy import SpiffyDrafter
         from spot_eval.checkpoints.spiffy_graph import graph_for_target

@@ -1,0 +1,231 @@
+"""SPOT-Sets' tree: draft the *sets* a threshold decoder commits, several steps ahead [INF: our design].
+
+A threshold step commits every masked position whose confidence clears tau, and at least the most
+confident one (spot.policy.select). A set predictor gives, per masked position p of a node,
+pi_p = P(p is in the node's next committed set); taking the positions as independent, a candidate set S
+scores by the product rule (the paper's `--sets-accept product`):
+
+    log P(S) = sum_{p in S} log pi_p + sum_{p masked, not in S} log(1 - pi_p),
+
+and its tokens are the stale distribution's draw under the node's step noise (the coupled draw, as in
+SPOT). A node's children are its `best_sets` (k-best enumeration, so the tree is not limited to the
+single most likely set), grown best-first under the budget (spot.tree.grow_best_first). Every depth
+reads the root's stale distribution: no new forward exists below the root.
+
+The predictor here, `StaleSets`, reads the stale confidences alone:
+
+    logit pi_p = a_d (log c_p - log tau) + b_d + e_d [p is the node's most confident masked position],
+
+c_p the stale probability of the token the node's step would draw at p, d the node's depth (the last
+depth's coefficients serve every deeper one), fitted by likelihood on recorded threshold trajectories
+(`fit_stale_sets`). It is the heuristic baseline of SPOT-Sets, and its drafting costs no network call.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from spot.drafters.base import DraftContext
+from spot.drafters.order_examples import RecordedBlock
+from spot.drafters.order_model import Prediction, depth_predictions, predict, step_noise_at_topk
+from spot.policy import topk_logprobs
+from spot.tree import DraftTree, Frontier, SetEdge, grow_best_first
+
+TOPK = 2  # the stale tokens a node's step ranks: its draw and the runner-up
+_CLAMP = 1e-6  # probabilities are kept in [1e-6, 1 - 1e-6], so that every set has a finite score
+
+
+def leader(confidence: torch.Tensor, masked: torch.Tensor) -> torch.Tensor:
+    """[..., K] bool: the most confident masked position (ties to the leftmost, as spot.policy.ranked)."""
+    score = confidence.double().masked_fill(~masked, -math.inf)
+    return torch.nn.functional.one_hot(score.argmax(-1), masked.shape[-1]).bool() & masked
+
+
+def best_sets(probs: Sequence[float], n: int) -> list[tuple[tuple[int, ...], float]]:
+    """The n most probable non-empty subsets of independent events, best first.
+
+    The most probable subset holds every event with p > 1/2; any other subset flips some events away
+    from it, each flip costing |log p - log(1 - p)|. Flip sets come out in increasing total cost from a
+    heap over the costs sorted ascending, where a flip set whose largest flip is the i-th either adds
+    the (i + 1)-th or moves its i-th to the (i + 1)-th: each flip set is reached exactly once.
+
+    Args:
+        probs: [M] inclusion probabilities.
+    Returns:
+        up to n pairs (the subset's indices ascending, its log-probability), in decreasing probability
+        (ties in the order the enumeration meets them).
+    """
+    p = [min(max(float(x), _CLAMP), 1.0 - _CLAMP) for x in probs]
+    if not p or n < 1:
+        return []
+    base = {i for i, x in enumerate(p) if x > 0.5}
+    best = sum(math.log(max(x, 1.0 - x)) for x in p)
+    cost = sorted((abs(math.log(x) - math.log1p(-x)), i) for i, x in enumerate(p))  # ascending flip costs
+    out: list[tuple[tuple[int, ...], float]] = []
+    heap: list[tuple[float, tuple[int, ...]]] = [(0.0, ())]  # (total flip cost, flipped ranks ascending)
+    while heap and len(out) < n:
+        total, flips = heapq.heappop(heap)
+        chosen = base.symmetric_difference(cost[r][1] for r in flips)
+        if chosen:
+            out.append((tuple(sorted(chosen)), best - total))
+        last = flips[-1] if flips else -1
+        if last + 1 < len(cost):
+            heapq.heappush(heap, (total + cost[last + 1][0], (*flips, last + 1)))
+            if flips:
+                heapq.heappush(heap, (total - cost[last][0] + cost[last + 1][0], (*flips[:-1], last + 1)))
+    return out
+
+
+@dataclass(frozen=True)
+class StaleSets:
+    """The stale-confidence set predictor: per depth d, coefficients (a_d, b_d, e_d) of the module
+    docstring's logistic rule; the last depth's serve every deeper one."""
+
+    coefficients: tuple[tuple[float, float, float], ...]
+
+    def __post_init__(self) -> None:
+        if not self.coefficients or any(len(c) != 3 for c in self.coefficients):
+            raise ValueError(f"StaleSets needs one (a, b, e) triple per depth, got {self.coefficients!r}")
+
+    def probs(self, confidence: torch.Tensor, masked: torch.Tensor, depth: int, threshold: float) -> torch.Tensor:
+        """[K] inclusion probabilities (0 where not masked) from the node's confidences [K]."""
+        a, b, e = self.coefficients[min(depth, len(self.coefficients) - 1)]
+        return torch.sigmoid(self.logits(confidence, masked, threshold, a, b, e)).masked_fill(~masked, 0.0)
+
+    @staticmethod
+    def logits(confidence, masked, threshold: float, a, b, e) -> torch.Tensor:
+        """logit pi over the last dim ([..., K] inputs; a, b, e floats or broadcastable tensors)."""
+        log_c = confidence.double().clamp_min(1e-12).log()
+        return a * (log_c - math.log(threshold)) + b + e * leader(confidence, masked).double()
+
+    def to_dict(self) -> dict:
+        return {"coefficients": [list(c) for c in self.coefficients]}
+
+    @staticmethod
+    def from_dict(raw: dict) -> StaleSets:
+        return StaleSets(tuple(tuple(float(v) for v in c) for c in raw["coefficients"]))
+
+
+@dataclass(frozen=True)
+class SetsReport:
+    """Per depth, over `examples` (root step, depth) pairs of recorded blocks: the mean log-likelihood per
+    masked position, the exact-set match rate and per-position F1 of the predictor's most probable set,
+    and the same two for the baseline set (confidence >= tau, and the most confident position)."""
+
+    log_likelihood: tuple[float, ...]
+    exact_set: tuple[float, ...]
+    f1: tuple[float, ...]
+    baseline_exact_set: tuple[float, ...]
+    baseline_f1: tuple[float, ...]
+    examples: tuple[int, ...]
+
+
+def set_examples(blocks: Sequence[RecordedBlock], depth: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Every (root step s >= 1, depth d) of the blocks: the confidence the node's step draws with under
+    the stale distribution of step s - 1, the node's masked positions (the true state of step s + d) and
+    the set step s + d committed. Returns ([B, K] float64, [B, K] bool, [B, K] bool)."""
+    conf, masked, chosen = [], [], []
+    for block in blocks:
+        n_steps = block.states.shape[0] - 1
+        for s in range(1, n_steps - depth):
+            lp, ids = block.topk_logprobs[s - 1].float(), block.topk_ids[s - 1].long()
+            noise = step_noise_at_topk(block.seed, block.request, block.block, s + depth, ids) if block.temperature > 0 else None
+            conf.append(predict(lp, ids, block.temperature, noise).probs[:, 0].double())
+            node, after = block.states[s + depth], block.states[s + depth + 1]
+            masked.append(node == block.mask_id)
+            chosen.append((node == block.mask_id) & (after != block.mask_id))
+    if not conf:
+        return torch.empty(0, 0, dtype=torch.float64), torch.empty(0, 0, dtype=torch.bool), torch.empty(0, 0, dtype=torch.bool)
+    return torch.stack(conf), torch.stack(masked), torch.stack(chosen)
+
+
+def fit_stale_sets(blocks: Sequence[RecordedBlock], threshold: float, depths: int = 4, iterations: int = 100) -> StaleSets:
+    """(a, b, e) per depth by maximum likelihood (L-BFGS on the per-position cross-entropy over every
+    masked position of every example), from (1, 0, 0); a depth without examples takes the previous depth's."""
+    coefficients: list[tuple[float, float, float]] = []
+    for d in range(depths):
+        conf, masked, chosen = set_examples(blocks, d)
+        if conf.shape[0]:
+            coefficients.append(_fit_depth(conf, masked, chosen, threshold, iterations))
+        elif coefficients:
+            coefficients.append(coefficients[-1])
+        else:
+            raise ValueError("no steps to fit the set predictor on: pass threshold trajectories of two or more steps")
+    return StaleSets(tuple(coefficients))
+
+
+def evaluate_sets(predictor: StaleSets, blocks: Sequence[RecordedBlock], threshold: float, depths: int = 4) -> SetsReport:
+    """The predictor's SetsReport on the blocks (depths without examples report nan)."""
+    metrics: dict[str, list[float]] = {k: [] for k in ("log_likelihood", "exact_set", "f1", "baseline_exact_set", "baseline_f1")}
+    counts = []
+    for d in range(depths):
+        conf, masked, chosen = set_examples(blocks, d)
+        counts.append(int(conf.shape[0]))
+        if not counts[-1]:
+            for values in metrics.values():
+                values.append(math.nan)
+            continue
+        z = StaleSets.logits(conf, masked, threshold, *predictor.coefficients[min(d, len(predictor.coefficients) - 1)])
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(z[masked], chosen[masked].double())
+        metrics["log_likelihood"].append(-float(loss))
+        for name, guess in (("", masked & (z > 0)), ("baseline_", masked & ((conf >= threshold) | leader(conf, masked)))):
+            metrics[name + "exact_set"].append(float(guess.eq(chosen).all(-1).double().mean()))
+            hits = float((guess & chosen).sum())
+            metrics[name + "f1"].append(2 * hits / max(float(guess.sum() + chosen.sum()), 1.0))
+    return SetsReport(**{k: tuple(v) for k, v in metrics.items()}, examples=tuple(counts))
+
+
+def _fit_depth(conf: torch.Tensor, masked: torch.Tensor, chosen: torch.Tensor, threshold: float, iterations: int):
+    """(a, b, e) maximising the likelihood of `chosen` over the masked positions ([B, K] each)."""
+    params = torch.tensor([1.0, 0.0, 0.0], dtype=torch.float64, requires_grad=True)
+    optimizer = torch.optim.LBFGS([params], max_iter=iterations, line_search_fn="strong_wolfe")
+
+    def loss() -> torch.Tensor:
+        optimizer.zero_grad()
+        z = StaleSets.logits(conf, masked, threshold, *params)
+        value = torch.nn.functional.binary_cross_entropy_with_logits(z[masked], chosen[masked].double())
+        value.backward()
+        return value
+
+    optimizer.step(loss)
+    return tuple(float(v) for v in params.detach())
+
+
+class SetsDrafter:
+    """SPOT-Sets' drafter over a set predictor (the module docstring)."""
+
+    def __init__(self, predictor: StaleSets, name: str = "sets") -> None:
+        self.predictor = predictor
+        self.name = name
+
+    @torch.inference_mode()
+    def draft(self, ctx: DraftContext) -> DraftTree:
+        if ctx.stale_logits is None:  # a block's first step: no distribution of this block yet
+            return DraftTree.root_only(ctx.state)
+        lp, ids = topk_logprobs(ctx.stale_logits, TOPK, ctx.mask_id)
+        temperature = ctx.config.sampling.temperature
+        predictions = depth_predictions(lp, ids, ctx, temperature)
+
+        def prediction(depth: int) -> Prediction:
+            return predictions[min(depth, len(predictions) - 1) if temperature > 0 else 0]
+
+        def expand(frontier: Frontier) -> list[list[SetEdge]]:
+            out = []
+            for state, depth in zip(frontier.states, frontier.depths, strict=True):
+                masked = state == ctx.mask_id  # [K]
+                pred = prediction(depth)
+                probs = self.predictor.probs(pred.probs[:, 0], masked, depth, ctx.config.threshold)  # [K]
+                where = torch.nonzero(masked)[:, 0].tolist()
+                tokens = pred.tokens[:, 0].tolist()
+                out.append([
+                    SetEdge(tuple(where[j] for j in chosen), tuple(tokens[where[j]] for j in chosen), logp)
+                    for chosen, logp in best_sets(probs[where].tolist(), ctx.budget)
+                ])
+            return out
+
+        return grow_best_first(ctx.state, ctx.budget, expand)

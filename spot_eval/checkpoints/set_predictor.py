@@ -1,0 +1,62 @@
+"""SPOT-Sets' stale set predictor as a file: small JSON, checked against its target and threshold on load.
+
+    {"format": "spot-sets-stale/1", "fingerprint": target_fingerprint(...), "threshold": 0.9,
+     "predictor": StaleSets.to_dict(), "fit": {...per-depth likelihood and exact-set rates...}}
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from spot.drafters.sets import StaleSets
+from spot_eval.checkpoints.fingerprint import check_fingerprint, target_fingerprint
+from spot_eval.checkpoints.shipped import shipped_drafter
+
+FORMAT = "spot-sets-stale/1"
+
+
+@dataclass(frozen=True)
+class SetPredictorFile:
+    path: str
+    fingerprint: dict
+    threshold: float
+    predictor: StaleSets
+    fit: dict
+
+
+def write_set_predictor(path: str | Path, fingerprint: dict, threshold: float, predictor: StaleSets, fit: dict) -> None:
+    """Write atomically (temp file + rename)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    raw = {"format": FORMAT, "fingerprint": fingerprint, "threshold": threshold, "predictor": predictor.to_dict(), "fit": fit}
+    tmp.write_text(json.dumps(raw, indent=1) + "\n")
+    os.replace(tmp, path)
+
+
+def load_set_predictor(path: str | Path) -> SetPredictorFile:
+    """Raises ValueError naming the file when it is not a set predictor or is damaged."""
+    path = Path(path)
+    try:
+        raw = json.loads(path.read_text())
+        if raw.get("format") != FORMAT:
+            raise ValueError(f"format {raw.get('format')!r}, expected {FORMAT!r}")
+        return SetPredictorFile(str(path), raw["fingerprint"], float(raw["threshold"]), StaleSets.from_dict(raw["predictor"]),
+                                raw.get("fit", {}))
+    except (ValueError, KeyError, TypeError) as err:
+        raise ValueError(f"{path} is not a valid set predictor ({err}); fit one with spot-eval fit-sets") from None
+
+
+def set_predictor_for_target(model, policy: str, threshold: float, path: str | Path | None = None) -> StaleSets:
+    """The predictor (default: the shipped one for the model's block length), checked to belong to this
+    target, block length and policy, and to have been fitted at this threshold."""
+    path = shipped_drafter("sets", model.block_length) if path is None else Path(path)
+    loaded = load_set_predictor(path)
+    fix = "fit one for this target (spot-eval collect --policy threshold --threshold TAU, then spot-eval fit-sets)"
+    check_fingerprint(loaded.fingerprint, target_fingerprint(model, policy), what=f"set predictor {path} was fitted", fix=fix)
+    if loaded.threshold != threshold:
+        raise ValueError(f"set predictor {path} was fitted at threshold {loaded.threshold}, but decoding uses {threshold}; {fix}")
+    return loaded.predictor
