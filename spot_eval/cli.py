@@ -33,8 +33,8 @@ def _target_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--block-length", type=int, default=None, help="default: the checkpoint's block_size")
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="auto", help="auto (float32 on cpu, bfloat16 on cuda) | float32 | bfloat16 | float16")
-    p.add_argument("--cache", default=None, choices=("dual", "prefix", "none"),
-                   help="LLaDA/Dream only: the KV frozen per block (default dual; none: the uncached decoder)")
+    p.add_argument("--cache", default=None, choices=("dual", "prefix", "none", "nosuffix"),
+                   help="LLaDA/Dream only: the KV frozen per block (default dual; none: the uncached decoder; nosuffix: no masked suffix)")
 
 
 def _target(args: argparse.Namespace) -> tuple[str, object]:

@@ -110,8 +110,8 @@ def reference_decode(model, shift: bool, prompt: list[int], config: DecodeConfig
     with a DynamicCache holding the frozen positions' keys and values, under an all-true mask."""
     k, n = config.block_length, len(prompt)
     end = n + config.gen_length
-    length = -(-end // k) * k
-    tokens = torch.full((length,), MASK)
+    whole = -(-end // k) * k
+    tokens = torch.full((whole,), MASK)
     tokens[:n] = torch.tensor(prompt)
 
     def forward(ids, positions, past):
@@ -121,15 +121,16 @@ def reference_decode(model, shift: bool, prompt: list[int], config: DecodeConfig
 
     out = []
     with torch.no_grad():
-        for block in range(n // k, length // k):
+        for block in range(n // k, whole // k):
             start, lo, hi = block * k, max(n - block * k, 0), min(end - block * k, k)
-            live = torch.arange(0 if cache == "none" else start, start + k if cache == "dual" else length)
+            length = start + k if cache == "nosuffix" else whole  # the canvas this block sees
+            live = torch.arange(0 if cache == "none" else start, start + k if cache in ("dual", "nosuffix") else length)
             step, frozen, before = 0, None, None
             while not finished(tokens[start : start + k], lo, hi, MASK, frozenset({EOS})):
                 source = (torch.arange(start, start + k) - int(shift)).clamp(min=0)
                 if step == 0 or cache == "none":
                     full = DynamicCache(config=model.config)
-                    hidden = forward(tokens, torch.arange(length), full)
+                    hidden = forward(tokens[:length], torch.arange(length), full)
                     rows = hidden[source]
                     kept = torch.ones(length, dtype=torch.bool)
                     kept[live] = False
@@ -181,7 +182,7 @@ def test_a_directory_without_the_published_weight_names_is_refused(tmp_path):
 
 
 @pytest.mark.parametrize("name", list(TARGETS))
-@pytest.mark.parametrize("cache", ["dual", "prefix", "none"])
+@pytest.mark.parametrize("cache", ["dual", "prefix", "none", "nosuffix"])
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_the_decoder_equals_a_slow_implementation_of_its_definition(name, cache, temperature):
     build, _, shift = TARGETS[name]

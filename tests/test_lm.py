@@ -172,6 +172,8 @@ def test_the_cache_hook_sees_every_request_and_model_info_names_the_config(check
         ({"dtype": "int4"}, "unknown dtype"),
         ({"exact": "ture"}, "exact='ture' is not a boolean; write exact=true or exact=false"),
         ({"fail_on_divergence": "ture"}, "fail_on_divergence='ture' is not a boolean"),
+        ({"cache": "duel"}, "cache='duel': use one of dual, prefix, none, nosuffix"),
+        ({"cache": "none"}, "cache='none' applies to bidirectional targets"),
     ],
 )
 def test_bad_model_args(checkpoint, overrides, message):

@@ -12,7 +12,10 @@ and speculation is exact relative to it:
 
 `cache` says which rows are live in the later steps: "dual" (Fast-dLLM's dual cache: the block's K
 positions; the default), "prefix" (its prefix cache: the block and the masked suffix), "none" (the
-whole canvas: the uncached decoder, every step a full forward). A verify piece is one hypothetical
+whole canvas: the uncached decoder, every step a full forward), "nosuffix" (the suffix skipped: the
+canvas of each block ends with it, so the block-start forward covers [committed blocks | block] and
+later steps recompute the block against the frozen prefix; no position ever sees a mask beyond its
+block [INF: our reading of the paper's "suffix skip"]). A verify piece is one hypothetical
 block state in the live rows; it attends to the frozen KV and to its own rows only, never to another
 piece, in a batch of its own (as spot.targets.attention's exact layout), so its logits equal those
 of a later forward that has its state as the current one, bit for bit.
@@ -42,7 +45,7 @@ from spot.targets.checkpoint import FAMILIES, load_weights, read_checkpoint
 from spot.targets.memory import SAFE_FRACTION, free_bytes, layer_row_bytes
 
 FROZEN = "spot_frozen_canvas"
-CACHES = ("dual", "prefix", "none")
+CACHES = ("dual", "prefix", "none", "nosuffix")
 
 
 @dataclass
@@ -174,13 +177,14 @@ class DualCacheTarget(ModelTarget):
         if start + k > self._length:
             raise ValueError(f"block ending at position {start + k} is past the canvas ({self._length} positions)")
         pieces = pieces.to(self.device)
-        lo, hi = self._live(start)
-        masks = torch.full((self._length - start - k,), self.mask_id, dtype=torch.long, device=self.device)
+        end = start + k if self.cache == "nosuffix" else self._length  # the canvas this block sees
+        lo, hi = self._live(start, end)
+        masks = torch.full((end - start - k,), self.mask_id, dtype=torch.long, device=self.device)
         canvas = self._layout is None and self.cache != "none"  # block start: compute the KV to freeze
         if canvas:
-            live = torch.zeros(self._length, dtype=torch.bool, device=self.device)
+            live = torch.zeros(end, dtype=torch.bool, device=self.device)
             live[lo:hi] = True
-            self._layout = FrozenLayout(self._length, 0, hi - lo, torch.nonzero(~live)[:, 0])
+            self._layout = FrozenLayout(end, 0, hi - lo, torch.nonzero(~live)[:, 0])
         elif self._layout is None:  # no cache: nothing is frozen
             self._layout = FrozenLayout(0, 0, hi - lo, torch.empty(0, dtype=torch.long, device=self.device))
         fed = pieces[1:] if canvas else pieces  # [P', K]: the pieces fed as live rows
@@ -189,8 +193,8 @@ class DualCacheTarget(ModelTarget):
         positions = [torch.arange(lo, hi, device=self.device).repeat(len(fed))]
         if canvas:
             ids.insert(0, torch.cat([self._tokens, pieces[0], masks]))  # [L]
-            positions.insert(0, torch.arange(self._length, device=self.device))
-        self._layout.canvas = self._length if canvas else 0
+            positions.insert(0, torch.arange(end, device=self.device))
+        self._layout.canvas = end if canvas else 0
         self._layout.pieces = len(fed)
         hidden = self.model.model(
             input_ids=torch.cat(ids)[None], position_ids=torch.cat(positions)[None], attention_mask=None,
@@ -221,12 +225,13 @@ class DualCacheTarget(ModelTarget):
         budget = SAFE_FRACTION * free_bytes(self.device) - context * per_row  # less the block-start canvas
         return max(int(budget // per_piece), 0)
 
-    def _live(self, start: int) -> tuple[int, int]:
-        """The canvas positions [lo, hi) a piece recomputes with the active block at `start`."""
+    def _live(self, start: int, end: int) -> tuple[int, int]:
+        """The canvas positions [lo, hi) a piece recomputes with the active block at `start`, the canvas
+        ending at `end`."""
         lo = 0 if self.cache == "none" else start
-        hi = start + self.block_length if self.cache == "dual" else self._length
+        hi = start + self.block_length if self.cache in ("dual", "nosuffix") else end
         return lo, hi
 
     def _rows(self, context: int) -> int:
         """Live rows per piece for the widest case (the first block) of a `context`-position canvas."""
-        return self.block_length if self.cache == "dual" else context
+        return self.block_length if self.cache in ("dual", "nosuffix") else context

@@ -19,6 +19,7 @@ from lm_eval.api.model import LM
 from tqdm import tqdm
 
 from spot import DecodeConfig, Sampling, generate
+from spot.targets.dual_cache import CACHES
 from spot_eval.checkpoints.shipped import EMBEDDED_TARGET
 from spot_eval.checkpoints.target import checkpoint_info, load_target, resolve_checkpoint, target_id
 from spot_eval.execution.sandbox import SandboxError, confinement
@@ -53,7 +54,7 @@ class SpotArgs:
     fail_on_divergence: bool = True
     device: str = "cuda:0"
     dtype: str = "auto"
-    cache: str | None = None  # LLaDA/Dream: the KV frozen per block, dual | prefix | none (spot.targets.dual_cache)
+    cache: str | None = None  # LLaDA/Dream: the KV frozen per block, dual | prefix | none | nosuffix (spot.targets.dual_cache)
     exact: bool = False  # verify in the per-piece layout: speculative tokens equal draft-free bit for bit in any dtype
     threads: int | None = None  # torch CPU threads (default: torch's choice, one per core; 1 on a shared machine)
     mlflow_tracking_uri: str | None = None
@@ -129,6 +130,8 @@ class SpotLM(LM):
         for spec in self.specs:
             drafter_file(spec, block_length)
         settings.check_output_dir("output_dir", args.output_dir)
+        if args.cache is not None and args.cache not in CACHES:
+            raise ValueError(f"cache={args.cache!r}: use one of {', '.join(CACHES)} (LLaDA and Dream targets only)")
         if args.threads is not None:
             if args.threads < 1:
                 raise ValueError(f"threads={args.threads}: use threads >= 1 (1 on a machine shared with other work)")
