@@ -28,3 +28,13 @@ def test_shipped_spot_and_spiffy_are_lossless_on_the_embedded_target(target, tem
         got = generate(target, ids, replace(config, budget=spec.budget), drafter=drafter, request=2)
         assert got.token_ids == reference.token_ids, spec.label
         assert got.stats.forwards < reference.stats.forwards, spec.label
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_the_shipped_set_predictor_is_lossless_under_threshold_decoding(target, temperature):
+    ids = encode_prompt(target, load("gsm8k_test")[5]["question"], chat=True)
+    config = DecodeConfig(policy="threshold", threshold=0.9, block_length=32, gen_length=64, sampling=Sampling(temperature), seed=3)
+    reference = generate(target, ids, config, request=1)
+    drafter = build_drafter(MethodSpec("sets", 8), target, config.policy, threshold=config.threshold)
+    got = generate(target, ids, replace(config, budget=8), drafter=drafter, request=1)
+    assert got.token_ids == reference.token_ids and got.stats.forwards < reference.stats.forwards

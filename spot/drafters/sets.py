@@ -114,8 +114,9 @@ class StaleSets:
 @dataclass(frozen=True)
 class SetsReport:
     """Per depth, over `examples` (root step, depth) pairs of recorded blocks: the mean log-likelihood per
-    masked position, the exact-set match rate and per-position F1 of the predictor's most probable set,
-    and the same two for the baseline set (confidence >= tau, and the most confident position)."""
+    masked position, the exact-set match rate and per-position F1 of the predictor's most probable
+    non-empty set (a node's first child), and the same two for the baseline set (confidence >= tau, and
+    the most confident position)."""
 
     log_likelihood: tuple[float, ...]
     exact_set: tuple[float, ...]
@@ -173,7 +174,9 @@ def evaluate_sets(predictor: StaleSets, blocks: Sequence[RecordedBlock], thresho
         z = StaleSets.logits(conf, masked, threshold, *predictor.coefficients[min(d, len(predictor.coefficients) - 1)])
         loss = torch.nn.functional.binary_cross_entropy_with_logits(z[masked], chosen[masked].double())
         metrics["log_likelihood"].append(-float(loss))
-        for name, guess in (("", masked & (z > 0)), ("baseline_", masked & ((conf >= threshold) | leader(conf, masked)))):
+        best = masked & (z > 0)  # the most probable set; where it is empty, the likeliest single position (never empty)
+        best |= ~best.any(-1, keepdim=True) & leader(z.exp(), masked)
+        for name, guess in (("", best), ("baseline_", masked & ((conf >= threshold) | leader(conf, masked)))):
             metrics[name + "exact_set"].append(float(guess.eq(chosen).all(-1).double().mean()))
             hits = float((guess & chosen).sum())
             metrics[name + "f1"].append(2 * hits / max(float(guess.sum() + chosen.sum()), 1.0))
