@@ -13,6 +13,7 @@ import torch
 from conftest import VOCAB, tiny_target, write_checkpoint
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_lm import make_lm, request
 
 from spot import DecodeConfig, Sampling, generate
 from spot.drafters import AdversarialDrafter, OracleDrafter
@@ -107,9 +108,9 @@ def test_the_fit_raises_the_likelihood_and_reports_the_baseline():
     target = tiny_target(16)
     config = DecodeConfig(policy="threshold", threshold=0.9, block_length=16, gen_length=64, seed=1)
     blocks = []
-    for request, prompt in enumerate((list(range(1, 12)), list(range(20, 40)), list(range(5, 9)))):
-        reference = generate(target, prompt, config, request=request, record=True, record_topk=2)
-        blocks += [RecordedBlock(t.states, t.topk_logprobs, t.topk_ids, target.mask_id, 1, request, t.block, 0.0)
+    for index, prompt in enumerate((list(range(1, 12)), list(range(20, 40)), list(range(5, 9)))):
+        reference = generate(target, prompt, config, request=index, record=True, record_topk=2)
+        blocks += [RecordedBlock(t.states, t.topk_logprobs, t.topk_ids, target.mask_id, 1, index, t.block, 0.0)
                    for t in reference.trajectory]
     fit = fit_stale_sets(blocks, config.threshold, depths=3)
     assert len(fit.coefficients) == 3
@@ -152,6 +153,12 @@ def test_fit_sets_and_the_sets_method_through_the_cli(tmp_path, capsys):
         decoded[method] = json.loads(capsys.readouterr().out)
     assert decoded["sets"]["token_ids"] == decoded["draft_free"]["token_ids"]
     assert decoded["sets"]["forwards"] <= decoded["draft_free"]["forwards"]
+    # lm_eval's model: methods=sets@8 under unmasking=threshold, every request checked against draft-free
+    lm = make_lm(path, methods=f"sets@8:{sets}", budgets="", unmasking="threshold", threshold=0.5,
+                 output_dir=str(tmp_path / "run"), mlflow_tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
+    assert len(lm.generate_until([request("t1 t2 t3", 0), request("t4 t5", 1)])) == 2
+    samples = [json.loads(line) for line in (tmp_path / "run" / "samples.jsonl").open()]
+    assert {s["label"] for s in samples} == {"draft_free", "sets@8"} and all(s["lossless"] for s in samples)
     for argv, message in (
         (["decode", "--pretrained", path, "--method", "sets", "--drafter", sets, "--budget", "8", "--unmasking", "threshold",
           "--threshold", "0.6", "--prompt", "t1"], "was fitted at threshold 0.5, but decoding uses 0.6"),
