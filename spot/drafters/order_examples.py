@@ -43,6 +43,13 @@ class RecordedBlock:
         before = (s - 2).clamp_min(0)
         return Prior(self.topk_logprobs[before, :, 0].float(), self.topk_ids[before, :, 0].long(), s >= 2)  # [..., K]
 
+    def drawn_confidence(self, stale_step: int, node_step: int) -> torch.Tensor:
+        """[K] float64: under the distribution recorded behind step `stale_step`, the confidence of the token
+        step `node_step` draws (with its noise at T > 0): what a drafter reads at a node of that step."""
+        lp, ids = self.topk_logprobs[stale_step].float(), self.topk_ids[stale_step].long()
+        noise = step_noise_at_topk(self.seed, self.request, self.block, node_step, ids) if self.temperature > 0 else None
+        return predict(lp, ids, self.temperature, noise).probs[:, 0].double()
+
     def committed_positions(self) -> torch.Tensor:
         """[S] the one position each step committed (the `single` policy)."""
         changed = self.states[1:] != self.states[:-1]  # [S, K]

@@ -138,8 +138,8 @@ def step_noise_at_topk(
 
 def depth_predictions(lp: torch.Tensor, ids: torch.Tensor, ctx, temperature: float) -> list[Prediction]:
     """The Prediction of every depth a tree grown from `ctx` (a spot.drafters.base.DraftContext) can
-    reach (one at T = 0, where the ranking has no noise). At T > 0 depth d stands for step ctx.step + d, ranked under that step's noise (the verifier's
-    coupled draw); a tree of budget B has nodes down to depth min(B, masked positions), and one
+    reach (one at T = 0, where the ranking has no noise). At T > 0 depth d stands for step ctx.step + d,
+    ranked under that step's noise (the verifier's coupled draw); a tree of budget B has nodes down to depth min(B, masked positions), and one
     batched draw of all of them costs about two single draws (about 0.1 ms each on a CPU), less than
     the three or more a tree asks for one by one. lp, ids: [K, k]."""
     if temperature == 0:

@@ -32,7 +32,7 @@ import torch
 
 from spot.drafters.base import DraftContext
 from spot.drafters.order_examples import RecordedBlock
-from spot.drafters.order_model import Prediction, depth_predictions, predict, step_noise_at_topk
+from spot.drafters.order_model import Prediction, depth_predictions
 from spot.policy import topk_logprobs
 from spot.tree import DraftTree, Frontier, SetEdge, grow_best_first
 
@@ -40,9 +40,10 @@ TOPK = 2  # the stale tokens a node's step ranks: its draw and the runner-up
 _CLAMP = 1e-6  # probabilities are kept in [1e-6, 1 - 1e-6], so that every set has a finite score
 
 
-def leader(confidence: torch.Tensor, masked: torch.Tensor) -> torch.Tensor:
-    """[..., K] bool: the most confident masked position (ties to the leftmost, as spot.policy.ranked)."""
-    score = confidence.double().masked_fill(~masked, -math.inf)
+def leader(score: torch.Tensor, masked: torch.Tensor) -> torch.Tensor:
+    """[..., K] bool: the masked position of the highest score (a confidence, or anything ordered as it), ties
+    to the leftmost, as spot.policy.ranked."""
+    score = score.double().masked_fill(~masked, -math.inf)
     return torch.nn.functional.one_hot(score.argmax(-1), masked.shape[-1]).bool() & masked
 
 
@@ -134,9 +135,7 @@ def set_examples(blocks: Sequence[RecordedBlock], depth: int) -> tuple[torch.Ten
     for block in blocks:
         n_steps = block.states.shape[0] - 1
         for s in range(1, n_steps - depth):
-            lp, ids = block.topk_logprobs[s - 1].float(), block.topk_ids[s - 1].long()
-            noise = step_noise_at_topk(block.seed, block.request, block.block, s + depth, ids) if block.temperature > 0 else None
-            conf.append(predict(lp, ids, block.temperature, noise).probs[:, 0].double())
+            conf.append(block.drawn_confidence(s - 1, s + depth))
             node, after = block.states[s + depth], block.states[s + depth + 1]
             masked.append(node == block.mask_id)
             chosen.append((node == block.mask_id) & (after != block.mask_id))
@@ -175,7 +174,7 @@ def evaluate_sets(predictor: StaleSets, blocks: Sequence[RecordedBlock], thresho
         loss = torch.nn.functional.binary_cross_entropy_with_logits(z[masked], chosen[masked].double())
         metrics["log_likelihood"].append(-float(loss))
         best = masked & (z > 0)  # the most probable set; where it is empty, the likeliest single position (never empty)
-        best |= ~best.any(-1, keepdim=True) & leader(z.exp(), masked)
+        best |= ~best.any(-1, keepdim=True) & leader(z, masked)
         for name, guess in (("", best), ("baseline_", masked & ((conf >= threshold) | leader(conf, masked)))):
             metrics[name + "exact_set"].append(float(guess.eq(chosen).all(-1).double().mean()))
             hits = float((guess & chosen).sum())
@@ -215,7 +214,7 @@ class SetsDrafter:
         predictions = depth_predictions(lp, ids, ctx, temperature)
 
         def prediction(depth: int) -> Prediction:
-            return predictions[min(depth, len(predictions) - 1) if temperature > 0 else 0]
+            return predictions[min(depth, len(predictions) - 1)]  # one at T = 0: no noise to rank by
 
         def expand(frontier: Frontier) -> list[list[SetEdge]]:
             out = []

@@ -20,7 +20,6 @@ from dataclasses import dataclass
 import torch
 
 from spot.drafters.order_examples import RecordedBlock
-from spot.drafters.order_model import predict, step_noise_at_topk
 from spot.drafters.reach import ReachCalibration
 
 TEMPERATURES = tuple(10 ** (i / 10) for i in range(-30, 11))  # 0.001 .. 10, log-spaced
@@ -70,9 +69,7 @@ def fit_temperature(blocks: Sequence[RecordedBlock], temperatures: Sequence[floa
     for block in blocks:
         positions = block.committed_positions()
         for s in range(1, block.states.shape[0] - 1):
-            lp, ids = block.topk_logprobs[s - 1].float(), block.topk_ids[s - 1].long()
-            noise = step_noise_at_topk(block.seed, block.request, block.block, s, ids) if block.temperature > 0 else None
-            confidence = predict(lp, ids, block.temperature, noise).probs[:, 0].double().clamp_min(1e-12)  # [K]
+            confidence = block.drawn_confidence(s - 1, s).clamp_min(1e-12)  # [K]
             log_conf.append(confidence.log().masked_fill(block.states[s] != block.mask_id, -math.inf))
             truth.append(int(positions[s]))
     if not truth:

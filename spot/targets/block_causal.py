@@ -130,8 +130,9 @@ class BlockCausalTarget(ModelTarget):
         hidden = self.model.model(
             input_ids=input_ids, position_ids=positions, cache=self._cache, use_cache=True, **attention
         ).last_hidden_state  # [1, Lp + P*K, d]
-        logits = self.model.lm_head(hidden[0, n_pending:]).view(n_pieces, k, -1)  # [P, K, V]
-        self.hidden = hidden[0, n_pending:].view(n_pieces, k, -1)  # [P, K, d]
+        rows = hidden[0, n_pending:]  # [P*K, d]
+        logits = self.model.lm_head(rows).view(n_pieces, k, -1)  # [P, K, V]
+        self.hidden = rows.view(n_pieces, k, -1)  # [P, K, d]
         self._cache.crop(-(n_pieces * k))  # keep the completed blocks only
         self._pending = self._pending[:0]
         return self._counted(logits)
