@@ -3,7 +3,9 @@
 Every prompt is decoded draft-free and by every method in one process, interleaved per prompt
 (the order rotates from prompt to prompt so that drift in machine state spreads evenly). Ratios
 are of sums over the same prompts: forwards(draft-free) / forwards(method) and seconds(draft-free)
-/ seconds(method). Each method's tokens are checked against draft-free (lossless must be 1.0).
+/ seconds(method). Each method's tokens are checked against draft-free (lossless must be 1.0), except a
+lossy method's (`sets_max@8`: max-commit, opt-in), which differ by design: for it 1 - lossless is the
+fraction of prompts whose output differs, and token_divergence the fraction of output positions.
 With several seeds the JSON gives mean and std over seeds. `spot@auto` sizes every tree by this
 machine's verify-cost profile (measured once, cached; spot_eval.harness.profile), refitted to the
 timings decoding measures after every prompt as `lm_eval --model spot` does, and the mean tree
@@ -29,6 +31,7 @@ from spot import DecodeConfig, Sampling, generate
 from spot_eval.checkpoints.shipped import EMBEDDED_TARGET
 from spot_eval.checkpoints.target import encode_prompt, load_target
 from spot_eval.data.datasets import load, mbpp_split
+from spot_eval.harness.lossless import token_divergence
 from spot_eval.harness.methods import build_drafter, parse_methods
 from spot_eval.harness.profile import Refitted, auto_sizing, verify_profile
 from spot_eval.reports.results import summarize
@@ -47,8 +50,9 @@ def run_seed(target, prompts: list[list[int]], config: DecodeConfig, specs, seed
     config = replace(config, seed=seed)
     drafters = {s.label: build_drafter(s, target, config.policy, threshold=config.threshold) for s in specs}
     profile = verify_profile(target) if any(s.auto for s in specs) else None
-    sizings = {s.label: Refitted(auto_sizing(target, drafters[s.label], replace(config, budget=s.budget), profile))
+    sizings = {s.label: Refitted(auto_sizing(target, drafters[s.label], s.config(config), profile))
                for s in specs if s.auto}  # refitted to decoding's timings after every prompt, as lm_eval runs it
+    lossy = {s.label for s in specs if s.lossy}
     rows = []
     for i, ids in enumerate(prompts):
         labels = ["draft_free", *drafters]
@@ -56,18 +60,19 @@ def run_seed(target, prompts: list[list[int]], config: DecodeConfig, specs, seed
         results = {}
         for label in labels:
             spec = next((s for s in specs if s.label == label), None)
-            cfg = config if spec is None else replace(config, budget=spec.budget)
+            cfg = config if spec is None else spec.config(config)
             auto = sizings.get(label)
             results[label] = generate(target, ids, cfg, drafter=drafters.get(label), request=i, sizing=auto and auto.sizing)
             if auto:
                 auto.observe(results[label].stats)
         for label, g in results.items():
-            s = g.stats
+            s, reference = g.stats, results["draft_free"].token_ids
             rows.append({
                 "seed": seed, "prompt": i, "label": label, "tokens": len(g.token_ids), "forwards": s.forwards,
                 "seconds": s.seconds, "drafter_seconds": s.drafter_seconds, "target_seconds": s.target_seconds,
                 "accepted_lengths": s.accepted_lengths, "draft_nodes": s.draft_nodes,
-                "lossless": g.token_ids == results["draft_free"].token_ids,
+                "lossless": g.token_ids == reference, "token_divergence": token_divergence(g.token_ids, reference),
+                "lossy": label in lossy,
             })
     return pd.DataFrame(rows)
 
@@ -84,6 +89,7 @@ def main() -> None:
     parser.add_argument("--methods", default="spot@8+spot@20+spiffy@3+spiffy@10")
     parser.add_argument("--unmasking", default="single")
     parser.add_argument("--threshold", type=float, default=0.9, help="the threshold and dynamic policies' tau")
+    parser.add_argument("--cross-block", action="store_true", help="let the forward that finishes a block take the next block's first step")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     args = parser.parse_args()
@@ -93,27 +99,28 @@ def main() -> None:
     target = load_target(args.target, args.block, args.device)
     prompts = [encode_prompt(target, p, chat=True) for p in prompts_for(args.task, args.prompts)]
     config = DecodeConfig(policy=args.unmasking, threshold=args.threshold, block_length=args.block, gen_length=args.gen,
-                          sampling=Sampling(temperature=args.temperature))
+                          sampling=Sampling(temperature=args.temperature), cross_block=args.cross_block)
     specs = parse_methods(args.methods, "")
     generate(target, prompts[0], replace(config, gen_length=args.block))  # warm-up
     seeds = [int(s) for s in args.seeds.split("+")]
     df = pd.concat([run_seed(target, prompts, config, specs, seed) for seed in seeds])
     sums = summarize(df, ["seed"])
     columns = ["seed", "label", "forwards", "seconds", "forward_ratio", "throughput_ratio", "drafter_share", "accepted_mean",
-               "mean_tree_size", "lossless"]
+               "mean_tree_size", "lossless", "lossy", "token_divergence"]
     print(sums[columns].to_string(index=False, float_format=lambda x: f"{x:.3f}"), file=sys.stderr)
     methods = {}
     for label, group in sums.groupby("label", sort=False):
         entry = {}
         for column in ("forward_ratio", "throughput_ratio", "tokens_per_forward", "drafter_share", "accepted_mean",
-                       "mean_tree_size", "lossless"):
+                       "mean_tree_size", "lossless", "token_divergence"):
             values = group[column].tolist()
             entry[column] = {"mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0}
         entry["forwards"] = int(group.forwards.sum())
+        entry["lossy"] = bool(group.lossy.any())  # differs from draft-free by design: 1 - lossless is its divergence rate
         methods[label] = entry
     print(json.dumps({
         "bench": "speedup", "target": args.target, "task": args.task, "prompts": len(prompts), "block": args.block,
-        "gen": args.gen, "temperature": args.temperature, "seeds": seeds, "unmasking": args.unmasking, "threshold": args.threshold,
+        "gen": args.gen, "temperature": args.temperature, "seeds": seeds, "unmasking": args.unmasking, "threshold": args.threshold, "cross_block": args.cross_block,
         "device": args.device, "methods": methods,
     }))
 

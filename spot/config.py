@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 POLICIES = ("single", "threshold", "static", "dynamic")
 SCHEDULED = ("static", "dynamic")  # the policies that follow SDAR's per-step commit counts (`steps`)
+ACCEPTANCES = ("exact", "max_commit")  # how the walk follows the target down a draft tree (spot.acceptance)
 SEED_LIMIT = 2**32  # the noise key mixes the seed as one 32-bit word (spot.noise): larger seeds would alias
 
 
@@ -53,7 +54,7 @@ class Sampling:
 
 @dataclass(frozen=True)
 class DecodeConfig:
-    """Everything that determines the draft-free output, plus the draft budget.
+    """Everything that determines the draft-free output, plus the draft budget and the acceptance rule.
 
     policy: "single" commits the most confident masked position per step (SDAR
         low_confidence_static, one token per step); "threshold" also commits every masked
@@ -70,6 +71,14 @@ class DecodeConfig:
     seed: the root of the counter-keyed noise; (seed, request) fixes the whole output.
     budget: draft nodes verified beside the current state per forward (0 = draft-free).
     stop_strings: the output is cut before the earliest of these (checked after each block).
+    acceptance: "exact" (the default) accepts a drafted node only where it equals the state the target
+        itself reaches, so the output is the draft-free decoder's. "max_commit" (lossy, opt-in, threshold
+        policy only) also accepts a drafted subset of the target's step (spot.acceptance): its output
+        differs from the draft-free decoder's by design, and then depends on the drafter and budget too.
+    cross_block: where a drafted node finishes the block, the verify also holds the next block's first
+        state behind it (a cross piece, [finished block | next block], block-causal inside), so that the
+        forward that finishes a block also takes the next block's first step. Lossless (the output does not
+        depend on it); block-causal targets only (spot.targets.base.Target.cross_block).
     """
 
     policy: str = "single"
@@ -81,11 +90,22 @@ class DecodeConfig:
     seed: int = 0
     budget: int = 0
     stop_strings: tuple[str, ...] = ()
+    acceptance: str = "exact"
+    cross_block: bool = False
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
             raise ValueError(f"unknown unmasking policy {self.policy!r}; choose one of {', '.join(POLICIES)}")
+        if self.acceptance not in ACCEPTANCES:
+            raise ValueError(f"unknown acceptance {self.acceptance!r}; choose exact (lossless, the default) "
+                             "or max_commit (lossy, threshold policy only)")
+        if self.acceptance == "max_commit" and self.policy != "threshold":
+            raise ValueError(f"acceptance max_commit accepts a drafted step whose every position clears the threshold, "
+                             f"which the {self.policy!r} policy has no use of; use policy 'threshold' (the harness's unmasking=threshold, "
+                             "--unmasking threshold) or acceptance 'exact' (method sets in place of sets_max)")
         _finite("threshold", self.threshold)
+        if not isinstance(self.cross_block, bool):
+            raise ValueError(f"cross_block must be True or False, got {self.cross_block!r}")
         for name in ("block_length", "gen_length", "seed", "budget"):
             _whole(name, getattr(self, name))
         if not 0.0 < self.threshold <= 1.0:

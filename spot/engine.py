@@ -7,7 +7,8 @@ Glossary (see also spot.policy):
     node           a candidate block state in the draft tree; node 0 is the current state.
     piece          a node's full copy of the block in the verify forward.
     accepted path  the nodes the walk moves through: each equals the state the target itself
-                   reaches from the previous one with that step's noise.
+                   reaches from the previous one with that step's noise (under the lossy, opt-in
+                   max_commit acceptance, or a drafted subset of that step: spot.acceptance).
     free step      the step the last accepted node's logits give; every forward yields >= 1 step.
     finished       a block is finished when no mask precedes the first EOS or the generation end.
 
@@ -23,6 +24,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from spot.acceptance import max_commit
 from spot.config import DecodeConfig
 from spot.drafters.base import DraftContext, Drafter
 from spot.noise import gumbel, step_key
@@ -43,6 +45,8 @@ class BlockTrace:
     proposals: per step, the proposal it was decided on, token margins included (with
         record_margins=True): how near each decision came to another outcome (`spot.policy.Margins`),
         which tells a numerics tie from a bug when another run of the same request diverges.
+    hidden: [S, K, d] the target's last hidden states (its LM-head inputs) at states[s], behind the
+        logits of step s (with record_hidden=True; on the CPU, in the target's dtype).
     """
 
     block: int
@@ -50,6 +54,7 @@ class BlockTrace:
     topk_logprobs: torch.Tensor | None = None
     topk_ids: torch.Tensor | None = None
     proposals: tuple[Proposal, ...] | None = None
+    hidden: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -113,9 +118,11 @@ def generate(
     record: bool = False,
     record_topk: int = 0,
     record_margins: bool = False,
+    record_hidden: bool = False,
     sizing: Sizing | None = None,
 ) -> Generation:
-    """Decode one request; the output depends only on (target, prompt, config minus budget, request).
+    """Decode one request; the output depends only on (target, prompt, config minus budget, request)
+    under the default exact acceptance (config.acceptance "max_commit" is lossy: spot.acceptance).
 
     sizing: budget=auto (spot.sizing): config.budget is then the cap; each block drafts in the mode and
     at the tree size expected to pay most on this device (none at all when none pays), and verifies the best-first
@@ -123,7 +130,9 @@ def generate(
 
     record: keep the trajectory (`Generation.trajectory`); record_topk: also keep the top-k
     log-probabilities of the logits behind every step (what drafters are trained on);
-    record_margins: also keep every step's proposal with its token margins (`BlockTrace.proposals`).
+    record_margins: also keep every step's proposal with its token margins (`BlockTrace.proposals`);
+    record_hidden: also keep the hidden states behind every step (`BlockTrace.hidden`, what SPOT-Sets' set
+    model reads).
     """
     prompt = torch.as_tensor(prompt_ids, dtype=torch.long).flatten()
     k, n_prompt = config.block_length, prompt.numel()
@@ -140,8 +149,11 @@ def generate(
             f"a {n_prompt}-token prompt plus gen_length {config.gen_length} needs {n_positions} positions "
             f"(whole blocks of {k}); the model has {target.max_positions}. Shorten the prompt or gen_length."
         )
+    if config.cross_block and not target.cross_block:
+        raise ValueError("cross_block needs a target whose completed blocks never change (block-causal: SDAR, LLaDA2.0); "
+                         "this target re-reads the canvas at each block's start, so turn cross_block off")
     if config.budget > 0:
-        room = target.max_pieces(n_positions)
+        room = target.max_pieces(n_positions) - (2 if config.cross_block else 0)  # a cross piece holds two blocks
         if sizing is not None:  # budget=auto: the cap shrinks to what fits
             config = replace(config, budget=min(config.budget, max(room - 1, 0)))
         elif config.budget + 1 > room:
@@ -156,13 +168,16 @@ def generate(
     lengths: list[int] = []
     traces: list[BlockTrace] = []
     finish = "length"
-    for block in range(n_prompt // k, n_positions // k):
+    n_blocks, ahead = n_positions // k, None
+    for block in range(n_prompt // k, n_blocks):
         start = block * k
         state = torch.full((k,), target.mask_id, dtype=torch.long)
         state[: max(n_prompt - start, 0)] = prompt[start:n_prompt]  # a partial prompt block is never masked
         lo, hi = max(n_prompt - start, 0), min(end - start, k)
-        recorder = _Recorder(block, record_topk, record_margins, target.mask_id)
-        states = _decode_block(target, state, start, block, lo, hi, config, drafter, request, lengths, timings, recorder, sizing)
+        recorder = _Recorder(block, record_topk, record_margins, record_hidden, target.mask_id)
+        following = torch.full((k,), target.mask_id, dtype=torch.long) if config.cross_block and block + 1 < n_blocks else None
+        states, ahead = _decode_block(target, state, start, block, lo, hi, config, drafter, request, lengths, timings, recorder,
+                                      sizing, ahead, following)
         if record:
             traces.append(recorder.trace(states))
         new = states[-1][lo:hi].tolist()
@@ -192,27 +207,52 @@ def generate(
 class _Recorder:
     """What one block keeps of each step beyond its states, as `generate`'s record_* flags ask."""
 
-    def __init__(self, block: int, topk: int, margins: bool, mask_id: int) -> None:
-        self.block, self.topk, self.margins, self.mask_id = block, topk, margins, mask_id
+    def __init__(self, block: int, topk: int, margins: bool, hidden: bool, mask_id: int) -> None:
+        self.block, self.topk, self.margins, self.hidden, self.mask_id = block, topk, margins, hidden, mask_id
         self.tops: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.proposals: list[Proposal] = []
+        self.hiddens: list[torch.Tensor] = []
 
-    def add(self, logits: torch.Tensor, proposal: Proposal) -> None:
+    def add(self, logits: torch.Tensor, proposal: Proposal, hidden: torch.Tensor) -> None:
         if self.topk:
             self.tops.append(topk_logprobs(logits, self.topk, self.mask_id))
         if self.margins:
             self.proposals.append(Proposal(proposal.tokens.cpu(), proposal.confidence.cpu(), proposal.token_margin.cpu()))
+        if self.hidden:
+            self.hiddens.append(hidden.cpu())
 
     def trace(self, states: list[torch.Tensor]) -> BlockTrace:
         proposals = tuple(self.proposals) if self.margins else None
-        if not self.tops:
-            return BlockTrace(self.block, torch.stack(states), proposals=proposals)
-        values, ids = zip(*self.tops, strict=True)
-        return BlockTrace(self.block, torch.stack(states), torch.stack(values), torch.stack(ids), proposals)  # [S, K, k]
+        hidden = torch.stack(self.hiddens) if self.hidden else None  # [S, K, d]
+        values, ids = zip(*self.tops, strict=True) if self.tops else (None, None)
+        return BlockTrace(self.block, torch.stack(states), None if values is None else torch.stack(values),
+                          None if ids is None else torch.stack(ids), proposals, hidden)  # [S, K, k]
 
 
-def _decode_block(target, state, start, block, lo, hi, config, drafter, request, lengths, timings, recorder, sizing):
-    """Advance one block to `finished`; returns the states after each step. Each forward's timing goes to `timings`."""
+@dataclass(frozen=True)
+class _Ahead:
+    """The next block's first state as a cross piece of the forward that finished a block verified it
+    (DecodeConfig.cross_block): its logits [K, V] and hidden states [K, d]."""
+
+    logits: torch.Tensor
+    hidden: torch.Tensor
+
+
+def _cross_piece(tree: DraftTree, following: torch.Tensor, lo: int, hi: int, mask_id: int, eos: frozenset[int]) -> torch.Tensor | None:
+    """[1, 2K]: [the first drafted node that completes the block without an EOS | the next block's first
+    state], or None when no node does (a block that ends in EOS ends the request: nothing follows it)."""
+    for node in tree.states[1:]:
+        written = node[lo:hi].tolist()
+        if mask_id not in written and not eos.intersection(written):
+            return torch.cat([node, following])[None]
+    return None
+
+
+def _decode_block(target, state, start, block, lo, hi, config, drafter, request, lengths, timings, recorder, sizing,
+                  ahead: _Ahead | None = None, following: torch.Tensor | None = None):
+    """Advance one block to `finished`; returns the states after each step and, where the forward that finished
+    it verified the next block's first state too (`following`, the next block's first state, with cross_block),
+    that piece's outputs. Each forward's timing goes to `timings`; `ahead` is the previous block's."""
     mask_id, eos = target.mask_id, target.eos_ids
     noise: dict[int, torch.Tensor | None] = {}
 
@@ -224,17 +264,21 @@ def _decode_block(target, state, start, block, lo, hi, config, drafter, request,
             noise[step] = gumbel(key, target.block_length, target.vocab_size, target.device)
         return noise[step]
 
-    states, stale, stale_state, prior = [state], None, None, None
+    states, stale, stale_state, stale_hidden, prior = [state], None, None, None, None
     # budget=auto's mode and tree size before drafting depend on the context only: one decision per block.
     plan = Plan(None, config.budget) if sizing is None else sizing.plan(start, config.budget)
+    carried, handed = ahead, None
     while not finished(state, lo, hi, mask_id, eos):
         step = len(states) - 1
         tree = DraftTree.root_only(state)
         budget = config.budget if stale is None else plan.nodes
         drafted, draft_seconds = 0, 0.0
-        if budget > 0:
+        if carried is not None:  # the last forward verified this state already: its step needs no forward
+            logits, hidden, cross = carried.logits[None], carried.hidden[None], None
+        elif budget > 0:
             t = time.perf_counter()
-            ctx = DraftContext(state, stale, stale_state, prior, config, mask_id, request, block, step, budget, step_noise, plan.mode)
+            ctx = DraftContext(state, stale, stale_state, prior, config, mask_id, request, block, step, budget, step_noise, plan.mode,
+                               stale_hidden)
             tree = drafter.draft(ctx)
             draft_seconds = time.perf_counter() - t
             drafted = tree.size
@@ -245,20 +289,25 @@ def _decode_block(target, state, start, block, lo, hi, config, drafter, request,
                     raise ValueError(f"budget=auto needs reach probabilities, and drafter {drafter.name!r} gives none: "
                                      "use a calibrated drafter (spot-eval calibrate-reach) or a fixed budget")
                 tree = tree.prefix(sizing.size(tree.reach[1:], start))
-        t = time.perf_counter()
-        logits = target.verify(tree.states, start)  # [N + 1, K, V]
-        verify_seconds = time.perf_counter() - t
-        timings.append(ForwardTiming(tree.size + 1, start, verify_seconds, drafted, plan.mode if drafted else None, draft_seconds))
+        if carried is None:
+            cross = None if following is None else _cross_piece(tree, following, lo, hi, mask_id, eos)
+            t = time.perf_counter()
+            # [N + 1 (+ 1 with a cross piece), K, V]
+            logits = target.verify(tree.states, start) if cross is None else target.verify(tree.states, start, cross)
+            hidden = target.hidden
+            verify_seconds = time.perf_counter() - t
+            pieces = tree.size + 1 + (0 if cross is None else 2)  # a cross piece holds two blocks' rows
+            timings.append(ForwardTiming(pieces, start, verify_seconds, drafted, plan.mode if drafted else None, draft_seconds))
         # One sum is finite exactly when every logit is (accumulated in fp32: fp16 sums overflow), at a
         # twentieth of the cost of isfinite(logits).all(), which took 3% of a draft-free step on the CPU.
-        if not bool(torch.isfinite(logits.sum(dtype=torch.float32))):
+        if carried is None and not bool(torch.isfinite(logits.sum(dtype=torch.float32))):
             raise RuntimeError(
                 f"the target's forward {target.forwards} (request {request}, block {block}, step {step}) returned "
                 "non-finite logits: check the weights and the dtype (fp16 can overflow; try bfloat16 or float32)"
             )
         node, advanced = 0, 0
         while True:  # follow the target down the tree
-            prior, stale, stale_state = stale, logits[node], tree.states[node]
+            prior, stale, stale_state, stale_hidden = stale, logits[node], tree.states[node], hidden[node]
             state, proposal = decide(stale_state.to(logits.device), stale, step_noise(step + advanced), config, mask_id,
                                      step + advanced, margins=recorder.margins)
             state = state.cpu()
@@ -267,16 +316,24 @@ def _decode_block(target, state, start, block, lo, hi, config, drafter, request,
                     f"request {request}, block {block}, step {step + advanced}: the step committed no position; "
                     "the policy's confidences are not numbers (check the sampling settings and the logits)"
                 )
+            if config.acceptance == "max_commit":  # lossy, opt-in: a drafted subset of the step may stand in for it
+                state = max_commit(tree.states, stale_state.cpu(), state, proposal, config.threshold, mask_id)
             advanced += 1
             states.append(state)
-            recorder.add(stale, proposal)
+            recorder.add(stale, proposal, stale_hidden)
             if finished(state, lo, hi, mask_id, eos):
+                if cross is not None and torch.equal(cross[0, : len(state)], state):
+                    handed = _Ahead(logits[-1], hidden[-1])  # the next block's first state, verified behind this one
                 break
             match = torch.nonzero((tree.states == state).all(dim=1))
             if match.numel() == 0:
                 break
             node = int(match[0])
-        lengths.append(advanced)
+        if carried is None:
+            lengths.append(advanced)
+        else:  # the carried step belongs to the forward that verified it
+            lengths[-1] += advanced
+            carried = None
         if advanced == 1 and prior is not None and config.budget > 0:
             prior = prior.clone()  # a row of the previous forward's logits: keep the row, free the rest
-    return states
+    return states, handed

@@ -81,6 +81,8 @@ def _decode_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--drafter", default=None, help="the method's checkpoint (.pt) or Spiffy graph (.json); default: the shipped one")
     p.add_argument("--exact", action="store_true",
                    help="verify each draft piece exactly as a one-piece forward: tokens equal draft-free bit for bit in any dtype")
+    p.add_argument("--cross-block", action="store_true",
+                   help="a drafted node that finishes its block carries the next block's first state into the verify (lossless)")
     _threads_flag(p)
 
 
@@ -110,6 +112,7 @@ def _decode(args: argparse.Namespace) -> None:
         dtype=dtype,
         steps=args.steps,
         cache=args.cache,
+        cross_block=args.cross_block,
     )
     if args.json:
         print(json.dumps(result))
@@ -183,6 +186,44 @@ def _fit_sets(args: argparse.Namespace) -> None:
     print(json.dumps(fit_sets_command(args.trajectories, args.out, args.depths)))
 
 
+def _train_sets_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--trajectories", nargs="+", required=True,
+                   help="directories from spot-eval collect --policy threshold --hidden-dims 64 (one collect's projections)")
+    p.add_argument("--out", required=True, help="the set model (.pt) to write")
+    p.add_argument("--init-from", default=None,
+                   help="a set model of another target to calibrate for this one (its network continues training)")
+    p.add_argument("--prompts", type=int, default=None, help="train on the first N recorded requests only (default: all)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--steps", type=int, default=None, help="optimizer steps (default: --epochs passes)")
+    p.add_argument("--epochs", type=float, default=1.0)
+    p.add_argument("--batch-size", type=int, default=128)
+    p.add_argument("--lr", type=float, default=5e-4)
+    p.add_argument("--max-depth", type=int, default=4, help="train on tree depths 0 .. max_depth - 1")
+    p.add_argument("--heldout", type=float, default=0.1, help="fraction of the requests held out for the report")
+    p.add_argument("--minutes", type=float, default=None, help="safety cap: stop early (and say so) after it")
+    p.add_argument("--device", default="cpu")
+    _threads_flag(p)
+
+
+def _train_sets(args: argparse.Namespace) -> None:
+    from spot.drafters.order_training import Progress
+    from spot.drafters.set_training import SetTrainConfig
+    from spot_eval.training.train_sets import train_sets_command
+
+    _set_threads(args)
+    config = SetTrainConfig(
+        seed=args.seed, steps=args.steps, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, max_depth=args.max_depth,
+        heldout_fraction=args.heldout, max_seconds=None if args.minutes is None else 60 * args.minutes, device=args.device,
+    )
+
+    def progress(p: Progress) -> None:
+        print(f"step {p.step}/{p.steps} loss {p.loss:.4f} lr {p.lr:.2e} {p.seconds:.0f} s", file=sys.stderr, flush=True)
+
+    metrics = train_sets_command(args.trajectories, args.out, config, args.init_from, args.prompts, progress)
+    print(f"set model parameters: {metrics['parameters']}", file=sys.stderr)
+    print(json.dumps({"out": args.out, **metrics}))
+
+
 def _train_target_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="output model directory")
     p.add_argument("--seed", type=int, default=0)
@@ -235,6 +276,10 @@ def _collect_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="fixes the prompt sample and the sampling noise")
     p.add_argument("--shard-size", type=int, default=32, help="requests per shard")
     p.add_argument("--topk", type=int, default=32, help="stale log-probabilities recorded per position")
+    p.add_argument("--hidden-dims", type=int, default=0,
+                   help="also record the hidden states, projected on this many principal components (SPOT-Sets' set model "
+                        "reads 64; 0: none)")
+    p.add_argument("--embedding-dims", type=int, default=32, help="token-embedding components saved with --hidden-dims")
     p.add_argument("--sources", nargs="+", default=["gsm8k", "math", "mbpp"], help="training pair sources")
     p.add_argument("--chat", action=argparse.BooleanOptionalAction, default=True, help="wrap prompts in the chat template")
     p.add_argument("--workers", type=int, default=1, help="decoding processes (each loads the target)")
@@ -273,6 +318,8 @@ def _collect(args: argparse.Namespace) -> None:
         progress=lambda line: print(line, file=sys.stderr, flush=True),
         workers=args.workers,
         threads=args.threads,
+        hidden_dims=args.hidden_dims,
+        embedding_dims=args.embedding_dims,
     )
     print(json.dumps(dataclasses.asdict(result)))
 
@@ -466,6 +513,8 @@ COMMANDS = (
     Command("fit-gamma", "fit SPOT-gamma's per-depth exponents on held-out trajectories", _fit_gamma_flags, _fit_gamma),
     Command("calibrate-reach", "fit the reach calibration budget=auto sizes SPOT's trees by", _calibrate_reach_flags, _calibrate_reach),
     Command("fit-sets", "fit SPOT-Sets' stale set predictor on threshold trajectories", _fit_sets_flags, _fit_sets),
+    Command("train-sets", "train (or --init-from: calibrate) SPOT-Sets' set model on threshold trajectories", _train_sets_flags,
+            _train_sets),
     Command("profile", "measure (or show the cached) verify-cost profile of a target on this device", _profile_flags, _profile),
     Command("nightly", "run a suite through lm-eval, compare with a baseline, write a report, gate", _nightly_flags, _nightly),
     Command("compare", "SPOT vs Spiffy tables (throughput and forward ratios) from MLflow or results files", _compare_flags, _compare),

@@ -240,6 +240,9 @@ def test_the_cache_option_belongs_to_bidirectional_targets(tmp_path):
         from_pretrained(write_checkpoint(tmp_path / "sdar"), cache="none")
     target = from_pretrained(write_dream(tmp_path / "dream", tiny_dream()), cache="prefix")
     assert target.cache == "prefix"
+    # a frozen canvas is re-read at every block's start, so no block can ride behind the one before it
+    with pytest.raises(ValueError, match="cross_block needs a target whose completed blocks never change"):
+        generate(target, [1, 2, 3], DecodeConfig(block_length=target.block_length, gen_length=8, cross_block=True))
 
 
 def test_lm_eval_runs_a_llada_directory(tmp_path):

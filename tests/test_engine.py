@@ -98,7 +98,8 @@ def assert_lossless(target, prompt, config, rotation: int):
     reference = generate(target, prompt, config, record=True)
     for i, drafter in enumerate(drafters(reference)):
         budget = [*BUDGETS, AUTO][(i + rotation) % (len(BUDGETS) + 1)]
-        got = run(target, prompt, config, drafter, budget, rotation)
+        cross = replace(config, cross_block=(i + rotation) % 2 == 1)  # cross-block pieces on for half the pairs
+        got = run(target, prompt, cross, drafter, budget, rotation)
         assert got.token_ids == reference.token_ids, (drafter.name, budget)
         assert got.finish_reason == reference.finish_reason
     return reference
@@ -161,8 +162,9 @@ def test_sdar_schedules_are_lossless_with_every_drafter_and_budget(policy, steps
     policy=st.sampled_from(["single", "threshold", "static", "dynamic"]),
     budget=st.sampled_from([*BUDGETS, AUTO]),
     numerics=st.sampled_from(NUMERICS),
+    cross_block=st.booleans(),
 )
-def test_random_prompts_and_lengths_are_lossless(seed, prompt_length, gen_length, temperature, policy, budget, numerics):
+def test_random_prompts_and_lengths_are_lossless(seed, prompt_length, gen_length, temperature, policy, budget, numerics, cross_block):
     dtype, exact = numerics
     target = tiny_target(16, seed=seed % 3, dtype=dtype, exact=exact)
     steps = (4, 8, 16)[seed % 3] if policy in ("static", "dynamic") else None
@@ -172,7 +174,29 @@ def test_random_prompts_and_lengths_are_lossless(seed, prompt_length, gen_length
     reference = generate(target, prompt, config, record=True)
     assert len(reference.token_ids) <= gen_length
     for drafter in drafters(reference):
-        assert run(target, prompt, config, drafter, budget, seed).token_ids == reference.token_ids
+        assert run(target, prompt, replace(config, cross_block=cross_block), drafter, budget, seed).token_ids == reference.token_ids
+
+
+@pytest.mark.parametrize("policy", ["single", "threshold"])
+def test_cross_block_lets_the_forward_that_finishes_a_block_take_the_next_blocks_first_step(policy):
+    """With the oracle at budget 1 a tree holds the state one step ahead, so the forward whose tree holds
+    a block's finished state also verifies the next block's first state behind it: that step needs no
+    forward of its own. The steps and states are the draft-free decoder's, step for step. (Under `single`
+    every block here takes an even number of steps, two a forward, so the finished state is always the
+    free step's and never drafted: nothing to save.)"""
+    target = tiny_target(16, seed=2, eos_ids=frozenset())
+    config = DecodeConfig(block_length=16, gen_length=64, policy=policy, threshold=0.5, sampling=Sampling(1.0), seed=4)
+    prompt = prompt_ids(2, 10)
+    reference = generate(target, prompt, config, record=True)
+    oracle = OracleDrafter(reference.trajectory)
+    plain = generate(target, prompt, with_budget(config, 1), drafter=oracle)
+    cross = generate(target, prompt, replace(config, budget=1, cross_block=True), drafter=oracle, record=True)
+    assert cross.token_ids == reference.token_ids and plain.token_ids == reference.token_ids
+    assert all(torch.equal(a.states, b.states) for a, b in zip(cross.trajectory, reference.trajectory, strict=True))
+    assert sum(cross.stats.accepted_lengths) == reference.stats.steps
+    blocks = len(reference.trajectory)
+    saved = plain.stats.forwards - cross.stats.forwards
+    assert 0 < saved <= blocks - 1 if policy == "threshold" else saved == 0
 
 
 @pytest.mark.parametrize("budget", BUDGETS)

@@ -60,6 +60,32 @@ def test_every_piece_scores_bit_for_bit_as_its_one_piece_forward(dtype):
                 assert torch.equal(target.verify(states[r : r + 1], 3 * k)[0], together[r]), (riding, pieces, r)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_a_cross_piece_scores_the_next_block_bit_for_bit_as_its_own_forward_would(dtype):
+    """A cross piece [finished block b | state of b + 1], verified beside pieces of block b, gives the logits
+    and hidden states that block b + 1's own forward gives once b is committed (b riding along then), with
+    block b - 1 pending or cached in the cross piece's forward."""
+    target, _ = layouts(dtype)
+    k, g = target.block_length, torch.Generator().manual_seed(1)
+    prefix = torch.randint(4, target.vocab_size, (2 * k,), generator=g)
+    finished = torch.randint(4, target.vocab_size, (k,), generator=g)
+    root = finished.clone()
+    root[3:20] = target.mask_id
+    following = torch.full((2, k), target.mask_id)
+    following[1, :5] = torch.randint(4, target.vocab_size, (5,), generator=g)
+    for riding in (True, False):
+        target.start(prefix)
+        if not riding:
+            target.verify(root[None], 2 * k)
+        got = target.verify(torch.stack([root, finished]), 2 * k, torch.cat([finished.expand(2, k), following], dim=1))
+        hidden = target.hidden
+        target.start(prefix)
+        target.verify(root[None], 2 * k)
+        target.commit(finished)
+        own = target.verify(following, 3 * k)
+        assert torch.equal(got[2:], own) and torch.equal(hidden[2:], target.hidden), riding
+
+
 @pytest.mark.slow
 def test_bf16_speculation_is_exact_in_the_exact_layout_and_diverges_only_at_near_ties_in_the_packed_one():
     exact, packed = layouts(torch.bfloat16)

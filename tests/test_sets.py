@@ -100,8 +100,9 @@ def test_set_trees_are_lossless_under_the_threshold_policy(temperature):
                 OracleDrafter(reference.trajectory), AdversarialDrafter(reference.trajectory, VOCAB)]
     for drafter in drafters:
         for budget in (1, 8, 20):
-            got = generate(target, prompt, replace(config, budget=budget), drafter=drafter)
-            assert got.token_ids == reference.token_ids, (drafter.name, budget)
+            for cross_block in (False, True):
+                got = generate(target, prompt, replace(config, budget=budget, cross_block=cross_block), drafter=drafter)
+                assert got.token_ids == reference.token_ids, (drafter.name, budget, cross_block)
 
 
 def test_the_fit_raises_the_likelihood_and_reports_the_baseline():

@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 
 from spot import DecodeConfig, Sampling, generate
-from spot_eval.checkpoints.shipped import EMBEDDED_TARGET
+from spot_eval.checkpoints.shipped import DRAFTERS, EMBEDDED_TARGET
 from spot_eval.checkpoints.target import encode_prompt, load_target
 from spot_eval.data.datasets import load
 from spot_eval.harness.methods import MethodSpec, build_drafter
@@ -30,11 +30,13 @@ def test_shipped_spot_and_spiffy_are_lossless_on_the_embedded_target(target, tem
         assert got.stats.forwards < reference.stats.forwards, spec.label
 
 
+@pytest.mark.parametrize("suffix", ["pt", "json"], ids=["set-model", "stale-sets"])
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_the_shipped_set_predictor_is_lossless_under_threshold_decoding(target, temperature):
+def test_the_shipped_set_predictors_are_lossless_under_threshold_decoding(target, temperature, suffix):
     ids = encode_prompt(target, load("gsm8k_test")[5]["question"], chat=True)
     config = DecodeConfig(policy="threshold", threshold=0.9, block_length=32, gen_length=64, sampling=Sampling(temperature), seed=3)
     reference = generate(target, ids, config, request=1)
-    drafter = build_drafter(MethodSpec("sets", 8), target, config.policy, threshold=config.threshold)
-    got = generate(target, ids, replace(config, budget=8), drafter=drafter, request=1)
+    spec = MethodSpec("sets", 8, str(DRAFTERS / f"sets_b32.{suffix}"))
+    drafter = build_drafter(spec, target, config.policy, threshold=config.threshold)
+    got = generate(target, ids, replace(config, budget=8, cross_block=temperature > 0), drafter=drafter, request=1)
     assert got.token_ids == reference.token_ids and got.stats.forwards < reference.stats.forwards

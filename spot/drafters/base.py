@@ -28,6 +28,8 @@ class DraftContext:
     gumbel: the coupled noise of a step of this block ([K, V] float64, None at T = 0).
     mode: how to draft, one of the drafter's `modes` (budget=auto picks it, spot.sizing); None: the
         drafter's own default.
+    stale_hidden: [K, d] the target's last hidden states (LM-head inputs) behind `stale_logits`, on
+        the target's device and in its dtype (None with stale_logits None).
     """
 
     state: torch.Tensor
@@ -42,6 +44,7 @@ class DraftContext:
     budget: int
     gumbel: Callable[[int], torch.Tensor | None]
     mode: str | None = None
+    stale_hidden: torch.Tensor | None = None
 
 
 @runtime_checkable

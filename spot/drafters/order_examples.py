@@ -21,9 +21,11 @@ from spot.drafters.order_model import Prior, features, predict, step_noise_at_to
 
 @dataclass(frozen=True)
 class RecordedBlock:
-    """One block of a draft-free `single`-policy trajectory with its stale inputs.
+    """One block of a draft-free trajectory with its stale inputs (`single` for the order model, `threshold` for sets).
 
-    states: [S + 1, K] int64; topk_logprobs, topk_ids: [S, K, k] (the logits behind step s).
+    states: [S + 1, K] int64; topk_logprobs, topk_ids: [S, K, k] (the logits behind step s); hidden:
+    [S, K, R] the hidden states behind step s, projected (spot.drafters.set_model.Projection), where
+    recorded.
     """
 
     states: torch.Tensor
@@ -34,6 +36,7 @@ class RecordedBlock:
     request: int
     block: int
     temperature: float
+    hidden: torch.Tensor | None = None
 
     def prior(self, s: int | torch.Tensor) -> Prior:
         """What the order model reads as the prior at root step s (an int, or a tensor [B] of them):

@@ -136,17 +136,25 @@ def step_noise_at_topk(
     return gumbel_at(keys[:, None, None], positions, topk_ids)
 
 
-def depth_predictions(lp: torch.Tensor, ids: torch.Tensor, ctx, temperature: float) -> list[Prediction]:
-    """The Prediction of every depth a tree grown from `ctx` (a spot.drafters.base.DraftContext) can
-    reach (one at T = 0, where the ranking has no noise). At T > 0 depth d stands for step ctx.step + d,
-    ranked under that step's noise (the verifier's coupled draw); a tree of budget B has nodes down to depth min(B, masked positions), and one
-    batched draw of all of them costs about two single draws (about 0.1 ms each on a CPU), less than
-    the three or more a tree asks for one by one. lp, ids: [K, k]."""
+def depth_noise(ids: torch.Tensor, ctx, temperature: float) -> torch.Tensor | None:
+    """[D, K, k] the verifier's noise at the stale top-k ids (ids: [K, k]) for every step a tree grown
+    from `ctx` (a spot.drafters.base.DraftContext) can reach: depth d stands for step ctx.step + d, and a
+    tree of budget B has nodes down to depth min(B, masked positions). None at T = 0 (no noise). One
+    batched draw of all of them costs about two single draws (about 0.1 ms each on a CPU), less than the
+    three or more a tree asks for one by one."""
     if temperature == 0:
-        return [predict(lp, ids, temperature, None)]
+        return None
     depths = min(ctx.budget, int((ctx.state == ctx.mask_id).sum())) + 1
-    steps = range(ctx.step, ctx.step + depths)
-    noise = step_noise_at_topk(ctx.config.seed, ctx.request, ctx.block, steps, ids)  # [D, K, k]
+    return step_noise_at_topk(ctx.config.seed, ctx.request, ctx.block, range(ctx.step, ctx.step + depths), ids)
+
+
+def depth_predictions(lp: torch.Tensor, ids: torch.Tensor, ctx, temperature: float) -> list[Prediction]:
+    """The Prediction of every depth `depth_noise` covers (one at T = 0, where the ranking has no noise),
+    ranked under that step's noise (the verifier's coupled draw). lp, ids: [K, k]."""
+    noise = depth_noise(ids, ctx, temperature)
+    if noise is None:
+        return [predict(lp, ids, temperature, None)]
+    depths = noise.shape[0]
     batch = predict(lp.expand(depths, -1, -1), ids.expand(depths, -1, -1), temperature, noise)  # [D, K, 2]
     return [Prediction(batch.tokens[d], batch.probs[d], batch.margin[d]) for d in range(depths)]
 
@@ -255,19 +263,23 @@ class OrderModel(nn.Module):
         return logits.masked_fill(~candidates, float("-inf")), self.confidence_head(h)[..., 0]
 
     def encode(self, h: torch.Tensor) -> torch.Tensor:
-        """The pre-norm encoder layers ([B, K, d] -> [B, K, d]) as plain ops on their parameters:
-        nn.TransformerEncoder's own forward re-checks its fast-path conditions in Python on every
-        call, which cost about a fifth of a drafting call's time at one tree per call (no dropout
-        here: the model is built with dropout 0)."""
-        b, k, d = h.shape
-        for layer in self.encoder.layers:
-            attn = layer.self_attn
-            qkv = F.linear(layer.norm1(h), attn.in_proj_weight, attn.in_proj_bias)  # [B, K, 3d]
-            q, key, v = qkv.view(b, k, 3, attn.num_heads, d // attn.num_heads).permute(2, 0, 3, 1, 4)  # [B, H, K, d/H] each
-            mixed = F.scaled_dot_product_attention(q, key, v).transpose(1, 2).reshape(b, k, d)
-            h = h + attn.out_proj(mixed)
-            h = h + layer.linear2(F.relu(layer.linear1(layer.norm2(h))))
-        return h
+        return encode(self.encoder, h)
+
+
+def encode(encoder: nn.TransformerEncoder, h: torch.Tensor) -> torch.Tensor:
+    """The pre-norm encoder layers ([B, K, d] -> [B, K, d]) as plain ops on their parameters:
+    nn.TransformerEncoder's own forward re-checks its fast-path conditions in Python on every
+    call, which cost about a fifth of a drafting call's time at one tree per call (no dropout
+    here: the models are built with dropout 0)."""
+    b, k, d = h.shape
+    for layer in encoder.layers:
+        attn = layer.self_attn
+        qkv = F.linear(layer.norm1(h), attn.in_proj_weight, attn.in_proj_bias)  # [B, K, 3d]
+        q, key, v = qkv.view(b, k, 3, attn.num_heads, d // attn.num_heads).permute(2, 0, 3, 1, 4)  # [B, H, K, d/H] each
+        mixed = F.scaled_dot_product_attention(q, key, v).transpose(1, 2).reshape(b, k, d)
+        h = h + attn.out_proj(mixed)
+        h = h + layer.linear2(F.relu(layer.linear1(layer.norm2(h))))
+    return h
 
 
 def parameter_count(model: nn.Module) -> int:

@@ -158,7 +158,60 @@ def _check(blocks: Sequence[RecordedBlock], config: OrderModelConfig) -> None:
         )
 
 
-def _lr(step: int, steps: int, config: TrainConfig) -> float:
+@dataclass(frozen=True)
+class Optimized:
+    steps: int  # optimizer steps taken
+    stopped_early: bool  # max_seconds ran out first
+    curve: tuple[tuple[int, float], ...]  # (step, mean logged loss over the last log_every steps)
+
+
+def optimize(
+    model: torch.nn.Module,
+    examples: int,
+    batch_loss: Callable[[torch.Tensor], tuple[torch.Tensor, float]],
+    steps: int,
+    config,
+    t0: float,
+    progress: Callable[[Progress], None] | None = None,
+) -> Optimized:
+    """AdamW over seeded shuffles of `examples` example indices, `config.batch_size` a step (an epoch's tail
+    is dropped), the learning rate by `learning_rate`, gradients clipped; batch_loss(indices [B]) gives the
+    loss to minimise and the number to log. config: any training config (the order model's or the set
+    model's) with seed, lr, weight_decay, batch_size, grad_clip, max_seconds, log_every and the schedule."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    generator = torch.Generator().manual_seed(config.seed + 1)
+    order, cursor = torch.randperm(examples, generator=generator), 0
+    curve: list[tuple[int, float]] = []
+    window: list[float] = []
+    step = 0
+    while step < steps:
+        if config.max_seconds is not None and time.perf_counter() - t0 > config.max_seconds:
+            return Optimized(step, True, tuple(curve))
+        if cursor + config.batch_size > len(order):  # a new epoch: reshuffle
+            order, cursor = torch.randperm(examples, generator=generator), 0
+        index = order[cursor : cursor + config.batch_size]
+        cursor += config.batch_size
+        lr = learning_rate(step, steps, config)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        loss, logged = batch_loss(index)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
+        optimizer.step()
+        step += 1
+        window.append(logged)
+        if step % config.log_every == 0 or step == steps:
+            curve.append((step, sum(window) / len(window)))
+            window = []
+            if progress is not None:
+                progress(Progress(step, steps, curve[-1][1], lr, time.perf_counter() - t0))
+    return Optimized(step, False, tuple(curve))
+
+
+def learning_rate(step: int, steps: int, config) -> float:
+    """Linear warmup, then cosine decay to lr * min_lr_ratio (config: any training config with lr,
+    warmup and min_lr_ratio)."""
     if step < config.warmup:
         return config.lr * (step + 1) / config.warmup
     progress = (step - config.warmup) / max(1, steps - config.warmup)
@@ -221,24 +274,9 @@ def train(
         torch.manual_seed(config.seed)
         model = OrderModel(config.model)
     model.to(config.device).train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
-    generator = torch.Generator().manual_seed(config.seed + 1)
-    order, cursor = torch.randperm(len(triples), generator=generator), 0
-    curve: list[tuple[int, float]] = []
-    window: list[float] = []
-    step, stopped_early = 0, False
-    while step < steps:
-        if config.max_seconds is not None and time.perf_counter() - t0 > config.max_seconds:
-            stopped_early = True
-            break
-        if cursor + config.batch_size > len(order):  # a new epoch: reshuffle (the tail of the last one is dropped)
-            order, cursor = torch.randperm(len(triples), generator=generator), 0
-        rows = triples[order[cursor : cursor + config.batch_size]]
-        cursor += config.batch_size
+
+    def batch_loss(rows: torch.Tensor) -> tuple[torch.Tensor, float]:
         batch = build_batch(train_blocks, rows, config.model.buckets)
-        lr = _lr(step, steps, config)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
         candidates = batch.candidates.to(config.device)
         logits, confidence = model.heads(batch.feats.to(config.device), batch.buckets.to(config.device), candidates)
         order_loss = F.cross_entropy(logits, batch.labels.to(config.device))
@@ -246,27 +284,19 @@ def train(
         if config.confidence_weight > 0:
             fresh = F.binary_cross_entropy_with_logits(confidence, batch.fresh.to(config.device), reduction="none")  # [B, K]
             loss = order_loss + config.confidence_weight * fresh[candidates].mean()
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
-        optimizer.step()
-        step += 1
-        window.append(order_loss.item())
-        if step % config.log_every == 0 or step == steps:
-            curve.append((step, sum(window) / len(window)))
-            window = []
-            if progress is not None:
-                progress(Progress(step, steps, curve[-1][1], lr, time.perf_counter() - t0))
+        return loss, order_loss.item()
+
+    run = optimize(model, len(triples), lambda index: batch_loss(triples[index]), steps, config, t0, progress)
     heldout = evaluate(model, heldout_blocks, config.max_depth, config.device)
     return TrainResult(
         model=model.cpu().eval(),
         parameters=parameter_count(model),
-        steps=step,
-        stopped_early=stopped_early,
+        steps=run.steps,
+        stopped_early=run.stopped_early,
         train_requests=len({b.request for b in train_blocks}),
         heldout_requests=len({b.request for b in heldout_blocks}),
         train_examples=len(triples),
         heldout=heldout,
-        curve=tuple(curve),
+        curve=run.curve,
         seconds=time.perf_counter() - t0,
     )

@@ -7,18 +7,21 @@ scores by the product rule (the paper's `--sets-accept product`):
 
     log P(S) = sum_{p in S} log pi_p + sum_{p masked, not in S} log(1 - pi_p),
 
-and its tokens are the stale distribution's draw under the node's step noise (the coupled draw, as in
-SPOT). A node's children are its `best_sets` (k-best enumeration, so the tree is not limited to the
+and its tokens are a draw under the node's step noise (the coupled draw, as in SPOT) from the stale
+top-k, ranked by the stale distribution or by the predictor's own scores. A node's children are its `best_sets` (k-best enumeration, so the tree is not limited to the
 single most likely set), grown best-first under the budget (spot.tree.grow_best_first). Every depth
 reads the root's stale distribution: no new forward exists below the root.
 
-The predictor here, `StaleSets`, reads the stale confidences alone:
+A set predictor (`SetPredictor`) gives each node's pi and tokens: the learned set model
+(spot.drafters.set_model.LearnedSets, which reads the target's hidden states too and re-ranks the stale
+top-k tokens), or `StaleSets`, which reads the stale confidences alone:
 
     logit pi_p = a_d (log c_p - log tau) + b_d + e_d [p is the node's most confident masked position],
 
 c_p the stale probability of the token the node's step would draw at p, d the node's depth (the last
 depth's coefficients serve every deeper one), fitted by likelihood on recorded threshold trajectories
 (`fit_stale_sets`). It is the heuristic baseline of SPOT-Sets, and its drafting costs no network call.
+The learned model scores every node of the tree (each level's nodes in one batched call).
 """
 
 from __future__ import annotations
@@ -27,12 +30,13 @@ import heapq
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
 import torch
 
 from spot.drafters.base import DraftContext
 from spot.drafters.order_examples import RecordedBlock
-from spot.drafters.order_model import Prediction, depth_predictions
+from spot.drafters.order_model import Prediction, Prior, depth_noise, depth_predictions
 from spot.policy import topk_logprobs
 from spot.tree import DraftTree, Frontier, SetEdge, grow_best_first
 
@@ -92,6 +96,15 @@ class StaleSets:
     def __post_init__(self) -> None:
         if not self.coefficients or any(len(c) != 3 for c in self.coefficients):
             raise ValueError(f"StaleSets needs one (a, b, e) triple per depth, got {self.coefficients!r}")
+
+    topk = TOPK
+    device = torch.device("cpu")
+
+    def node_sets(self, stale: Stale, masked: torch.Tensor, depths: Sequence[int], last: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """SetPredictor: the inclusion probabilities of the module docstring's rule and the stale draws."""
+        predictions = [stale.prediction(d) for d in depths]
+        probs = torch.stack([self.probs(p.probs[:, 0], m, d, stale.threshold) for p, m, d in zip(predictions, masked, depths, strict=True)])
+        return probs, torch.stack([p.tokens[:, 0] for p in predictions])
 
     def probs(self, confidence: torch.Tensor, masked: torch.Tensor, depth: int, threshold: float) -> torch.Tensor:
         """[K] inclusion probabilities (0 where not masked) from the node's confidences [K]."""
@@ -198,10 +211,46 @@ def _fit_depth(conf: torch.Tensor, masked: torch.Tensor, chosen: torch.Tensor, t
     return tuple(float(v) for v in params.detach())
 
 
+@dataclass(frozen=True)
+class Stale:
+    """What every node of one draft reads, on the predictor's device.
+
+    lp, ids: [K, k] the stale top-k log-probabilities and ids; noise: [D, K, k] the verifier's noise at
+    those ids for depths 0..D-1 (None at T = 0); predictions: the stale draw per depth (one at T = 0);
+    prior: the top-1 of the forward before the stale one (None at a block's second step); hidden: [K, d]
+    the stale hidden states; root_masked: [K]; temperature and threshold: the decoder's.
+    """
+
+    lp: torch.Tensor
+    ids: torch.Tensor
+    noise: torch.Tensor | None
+    predictions: list[Prediction]
+    prior: Prior | None
+    hidden: torch.Tensor | None
+    root_masked: torch.Tensor
+    temperature: float
+    threshold: float
+
+    def prediction(self, depth: int) -> Prediction:
+        return self.predictions[min(depth, len(self.predictions) - 1)]
+
+
+@runtime_checkable
+class SetPredictor(Protocol):
+    """Scores tree nodes for SetsDrafter: StaleSets, or the learned spot.drafters.set_model.LearnedSets."""
+
+    topk: int  # the stale top-k width it reads
+    device: torch.device
+
+    def node_sets(self, stale: Stale, masked: torch.Tensor, depths: Sequence[int], last: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """For B nodes (masked: [B, K] their masked positions; depths; last: [B, K] what the step into each
+        committed), (inclusion probabilities [B, K] float64, 0 where not masked; tokens [B, K] int64)."""
+
+
 class SetsDrafter:
     """SPOT-Sets' drafter over a set predictor (the module docstring)."""
 
-    def __init__(self, predictor: StaleSets, name: str = "sets") -> None:
+    def __init__(self, predictor: SetPredictor, name: str = "sets") -> None:
         self.predictor = predictor
         self.name = name
 
@@ -209,24 +258,32 @@ class SetsDrafter:
     def draft(self, ctx: DraftContext) -> DraftTree:
         if ctx.stale_logits is None:  # a block's first step: no distribution of this block yet
             return DraftTree.root_only(ctx.state)
-        lp, ids = topk_logprobs(ctx.stale_logits, TOPK, ctx.mask_id)
-        temperature = ctx.config.sampling.temperature
-        predictions = depth_predictions(lp, ids, ctx, temperature)
-
-        def prediction(depth: int) -> Prediction:
-            return predictions[min(depth, len(predictions) - 1)]  # one at T = 0: no noise to rank by
+        device, temperature = self.predictor.device, ctx.config.sampling.temperature
+        lp, ids = (t.to(device) for t in topk_logprobs(ctx.stale_logits, self.predictor.topk, ctx.mask_id))
+        noise = depth_noise(ids, ctx, temperature)
+        prior = None
+        if ctx.prior_logits is not None:
+            prior_lp, prior_ids = topk_logprobs(ctx.prior_logits, 1, ctx.mask_id)
+            prior = Prior(prior_lp[:, 0].to(device), prior_ids[:, 0].to(device), torch.tensor(True, device=device))
+        hidden = None if ctx.stale_hidden is None else ctx.stale_hidden.to(device)
+        stale = Stale(lp, ids, noise, depth_predictions(lp, ids, ctx, temperature), prior, hidden,
+                      (ctx.state == ctx.mask_id).to(device), temperature, ctx.config.threshold)
+        # node id -> [K] its masked positions; the root's parent (-1) is the state of the stale logits, so
+        # what the step into a node committed is where its parent was masked and it is not
+        masked_at = {-1: stale.root_masked if ctx.stale_state is None else (ctx.stale_state == ctx.mask_id).to(device)}
 
         def expand(frontier: Frontier) -> list[list[SetEdge]]:
+            masked = frontier.states.to(device) == ctx.mask_id  # [B, K]
+            masked_at.update(zip(frontier.nodes, masked, strict=True))
+            last = torch.stack([masked_at[p] for p in frontier.parents]) & ~masked  # [B, K]
+            probs, tokens = self.predictor.node_sets(stale, masked, frontier.depths, last)  # [B, K] each
             out = []
-            for state, depth in zip(frontier.states, frontier.depths, strict=True):
-                masked = state == ctx.mask_id  # [K]
-                pred = prediction(depth)
-                probs = self.predictor.probs(pred.probs[:, 0], masked, depth, ctx.config.threshold)  # [K]
-                where = torch.nonzero(masked)[:, 0].tolist()
-                tokens = pred.tokens[:, 0].tolist()
+            for node_masked, node_probs, node_tokens in zip(masked, probs, tokens, strict=True):
+                where = torch.nonzero(node_masked)[:, 0].tolist()
+                chosen_tokens = node_tokens.tolist()
                 out.append([
-                    SetEdge(tuple(where[j] for j in chosen), tuple(tokens[where[j]] for j in chosen), logp)
-                    for chosen, logp in best_sets(probs[where].tolist(), ctx.budget)
+                    SetEdge(tuple(where[j] for j in chosen), tuple(chosen_tokens[where[j]] for j in chosen), logp)
+                    for chosen, logp in best_sets(node_probs[where].tolist(), ctx.budget)
                 ])
             return out
 

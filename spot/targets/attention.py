@@ -35,7 +35,8 @@ PIECES = "spot_pieces"
 
 @dataclass(frozen=True)
 class PieceLayout:
-    """The rows of one verify forward: `pending` rows of completed blocks, then `pieces` x `block` rows.
+    """The rows of one verify forward: `pending` rows of completed blocks, then `pieces` x `block` rows,
+    then `ahead` cross pieces of 2 x `block` rows: [a finished active block | a state of the next block].
 
     pending_mask: [pending, cached + pending] bool, block-causal among the pending rows (None without them).
     """
@@ -45,6 +46,7 @@ class PieceLayout:
     pieces: int
     block: int
     pending_mask: torch.Tensor | None
+    ahead: int = 0
 
 
 def piece_attention(
@@ -71,12 +73,14 @@ def piece_attention(
     p, k = layout.pieces, layout.block
 
     def per_piece(x: torch.Tensor) -> torch.Tensor:  # [1, H, L, d] -> [P, H, prefix + K, d]
-        own = x[0, :, prefix:].reshape(heads, p, k, dim).transpose(0, 1)  # [P, H, K, d]
+        own = x[0, :, prefix : prefix + p * k].reshape(heads, p, k, dim).transpose(0, 1)  # [P, H, K, d]
         return torch.cat([x[:, :, :prefix].expand(p, heads, prefix, dim), own], dim=2)
 
-    q = query[0, :, layout.pending:].reshape(heads, p, k, dim).transpose(0, 1).contiguous()  # [P, H, K, d]
+    q = query[0, :, layout.pending : layout.pending + p * k].reshape(heads, p, k, dim).transpose(0, 1).contiguous()  # [P, H, K, d]
     out = F.scaled_dot_product_attention(q, per_piece(key), per_piece(value), scale=scaling)  # [P, H, K, d]
     out = out.transpose(0, 1).reshape(1, heads, p * k, dim)  # [1, H, P*K, d]
+    if layout.ahead:
+        out = torch.cat([out, _ahead_attention(query, key, value, layout, scaling)], dim=2)
     if layout.pending:
         rows = F.scaled_dot_product_attention(
             query[:, :, : layout.pending], key[:, :, :prefix], value[:, :, :prefix],
@@ -84,6 +88,34 @@ def piece_attention(
         )  # [1, H, Lp, d]
         out = torch.cat([rows, out], dim=2)
     return out.transpose(1, 2).contiguous(), None
+
+
+def _ahead_attention(query, key, value, layout: PieceLayout, scaling: float | None) -> torch.Tensor:
+    """The cross pieces' rows ([1, H, C*2K, d]; query, key, value as piece_attention's, heads repeated).
+
+    A cross piece's finished-block rows attend to [cache | pending | themselves] under an all-True mask of
+    the very shape the draft-free decoder's pending rows use when that block rides along with the next
+    block's first forward, so their keys and values come out as that forward's do; its next-block rows
+    attend to [cache | pending | finished block | themselves], as a piece of that forward does."""
+    heads, dim = query.shape[1], query.shape[-1]
+    prefix, k, c = layout.cached + layout.pending, layout.block, layout.ahead
+    first = layout.pending + layout.pieces * k  # the first cross row among the queries
+
+    def rows(x: torch.Tensor, start: int) -> torch.Tensor:  # [1, H, L, d] -> [C, H, 2K, d], the cross pieces' rows
+        return x[0, :, start : start + c * 2 * k].reshape(heads, c, 2 * k, dim).transpose(0, 1)
+
+    own_q, own_k, own_v = rows(query, first), rows(key, layout.cached + first), rows(value, layout.cached + first)
+
+    def keys(x: torch.Tensor, own: torch.Tensor, n: int) -> torch.Tensor:  # [C, H, prefix + n, d]
+        return torch.cat([x[:, :, :prefix].expand(c, heads, prefix, dim), own[:, :, :n]], dim=2)
+
+    done = torch.ones(k, prefix + k, dtype=torch.bool, device=query.device)
+    finished = F.scaled_dot_product_attention(own_q[:, :, :k].contiguous(), keys(key, own_k, k), keys(value, own_v, k),
+                                              attn_mask=done, scale=scaling)  # [C, H, K, d]
+    following = F.scaled_dot_product_attention(own_q[:, :, k:].contiguous(), keys(key, own_k, 2 * k), keys(value, own_v, 2 * k),
+                                               scale=scaling)  # [C, H, K, d]
+    out = torch.cat([finished, following], dim=2)  # [C, H, 2K, d]
+    return out.transpose(0, 1).reshape(1, heads, c * 2 * k, dim)
 
 
 AttentionInterface.register(PIECES, piece_attention)

@@ -25,6 +25,7 @@ class Target(Protocol):
     device: torch.device
     forwards: int  # model calls so far (prefill, verify and block commits alike)
     hidden: torch.Tensor | None  # [P, K, d] the last verify's LM-head inputs per piece and position (no extra forward)
+    cross_block: bool  # whether `verify` takes cross pieces (`ahead`)
 
     def start(self, prefix: torch.Tensor, positions: int | None = None) -> None:
         """Forget any previous request; `prefix` [L] (L a multiple of K) is the cache to build.
@@ -34,14 +35,18 @@ class Target(Protocol):
         blocks), which a target attending past the active block needs.
         """
 
-    def verify(self, pieces: torch.Tensor, start: int) -> torch.Tensor:
-        """One forward over P pieces of the active block.
+    def verify(self, pieces: torch.Tensor, start: int, ahead: torch.Tensor | None = None) -> torch.Tensor:
+        """One forward over P pieces of the active block, and C cross pieces (with `cross_block`).
 
         Args:
             pieces: [P, K] int64 block states; row 0 the current state.
             start: absolute position of the active block's first token.
+            ahead: [C, 2K] cross pieces, each [a finished active block | a state of the next block]: the
+                finished block's rows see what a piece sees, the next block's rows that and the finished block.
         Returns:
-            [P, K, V] logits; row r is the target's output at state `pieces[r]`.
+            [P + C, K, V] logits; row r < P is the target's output at state `pieces[r]`, row P + c the next
+            block's at the state of cross piece c, as the next block's own verify would give them once the
+            finished block is committed. `hidden` holds the same rows.
         """
 
     def commit(self, block: torch.Tensor) -> None:
@@ -73,6 +78,7 @@ class ModelTarget:
         self.device = next(model.parameters()).device
         self.forwards = 0
         self.hidden: torch.Tensor | None = None
+        self.cross_block = False
 
     def embeddings(self) -> torch.Tensor:
         return self.model.get_input_embeddings().weight

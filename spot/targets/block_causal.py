@@ -57,6 +57,7 @@ class BlockCausalTarget(ModelTarget):
                     module.forward = types.MethodType(row_invariant_experts, module)
         use_sdar_norms(model)
         super().__init__(model, mask_id, eos_ids, block_length, tokenizer, name)
+        self.cross_block = True  # a completed block's KV never changes, so the next block can ride behind it
         self._cache = DynamicCache(config=model.config)
         self._pending = torch.empty(0, dtype=torch.long, device=self.device)  # [Lp]
 
@@ -110,30 +111,37 @@ class BlockCausalTarget(ModelTarget):
         self._pending = torch.cat([self._pending, block.to(self.device, torch.long)])
 
     @torch.inference_mode()
-    def verify(self, pieces: torch.Tensor, start: int) -> torch.Tensor:
+    def verify(self, pieces: torch.Tensor, start: int, ahead: torch.Tensor | None = None) -> torch.Tensor:
         n_pieces, k = pieces.shape  # [P, K]
+        n_ahead = 0 if ahead is None else ahead.shape[0]  # ahead: [C, 2K]
         cached = self._cache.get_seq_length()
         n_pending = self._pending.numel()
         if cached + n_pending != start:
             raise RuntimeError(f"active block starts at {start} but the cache and pending blocks end at {cached + n_pending}")
-        if start + k > self.max_positions:
-            raise ValueError(f"block ending at position {start + k} exceeds the model's {self.max_positions} positions")
-        input_ids = torch.cat([self._pending, pieces.to(self.device).reshape(-1)])[None]  # [1, Lp + P*K]
-        positions = torch.cat(
-            [torch.arange(cached, start, device=self.device), torch.arange(start, start + k, device=self.device).repeat(n_pieces)]
-        )[None]  # [1, Lp + P*K]
+        end = start + (2 if n_ahead else 1) * k
+        if end > self.max_positions:
+            raise ValueError(f"block ending at position {end} exceeds the model's {self.max_positions} positions")
+        rows = [self._pending, pieces.to(self.device).reshape(-1)]
+        positions = [torch.arange(cached, start, device=self.device), torch.arange(start, start + k, device=self.device).repeat(n_pieces)]
+        if n_ahead:
+            rows.append(ahead.to(self.device).reshape(-1))
+            positions.append(torch.arange(start, start + 2 * k, device=self.device).repeat(n_ahead))
+        input_ids, position_ids = torch.cat(rows)[None], torch.cat(positions)[None]  # [1, Lp + P*K + C*2K]
         if self.exact:
-            layout = PieceLayout(cached, n_pending, n_pieces, k, self._pending_mask(cached, n_pending))
+            layout = PieceLayout(cached, n_pending, n_pieces, k, self._pending_mask(cached, n_pending), n_ahead)
             attention = {"attention_mask": None, "piece_layout": layout}
         else:
-            attention = {"attention_mask": self._mask(cached, n_pending, n_pieces)}  # [1, 1, Lp + P*K, cached + Lp + P*K]
+            attention = {"attention_mask": self._mask(cached, n_pending, n_pieces, n_ahead)}  # [1, 1, L, cached + L]
         hidden = self.model.model(
-            input_ids=input_ids, position_ids=positions, cache=self._cache, use_cache=True, **attention
-        ).last_hidden_state  # [1, Lp + P*K, d]
-        rows = hidden[0, n_pending:]  # [P*K, d]
-        logits = self.model.lm_head(rows).view(n_pieces, k, -1)  # [P, K, V]
-        self.hidden = rows.view(n_pieces, k, -1)  # [P, K, d]
-        self._cache.crop(-(n_pieces * k))  # keep the completed blocks only
+            input_ids=input_ids, position_ids=position_ids, cache=self._cache, use_cache=True, **attention
+        ).last_hidden_state[0, n_pending:]  # [P*K + C*2K, d]
+        # the pieces' rows, then each cross piece's next-block rows (its finished block's rows give no logits)
+        d = hidden.shape[-1]
+        own = hidden[: n_pieces * k].view(n_pieces, k, d)
+        following = hidden[n_pieces * k :].view(n_ahead, 2, k, d)[:, 1]  # [C, K, d]
+        self.hidden = torch.cat([own, following]) if n_ahead else own  # [P + C, K, d]
+        logits = self.model.lm_head(self.hidden)  # [P + C, K, V]
+        self._cache.crop(-(n_pieces + 2 * n_ahead) * k)  # keep the completed blocks only
         self._pending = self._pending[:0]
         return self._counted(logits)
 
@@ -156,18 +164,22 @@ class BlockCausalTarget(ModelTarget):
         cache_visible = torch.ones(n_pending, cached, dtype=torch.bool, device=self.device)
         return torch.cat([cache_visible, block[None, :] <= block[:, None]], dim=1)
 
-    def _mask(self, cached: int, n_pending: int, n_pieces: int) -> torch.Tensor:
-        """[1, 1, Lp + P*K, cached + Lp + P*K], the packed layout: pending rows as `_pending_mask`;
-        piece rows see the cache, the whole pending prefix and their own piece, never another piece."""
-        n = n_pieces * self.block_length
-        piece_id = torch.arange(n_pieces, device=self.device).repeat_interleave(self.block_length)  # [P*K]
-        piece_rows = torch.cat(
-            [torch.ones(n, cached + n_pending, dtype=torch.bool, device=self.device), piece_id[:, None] == piece_id[None, :]],
-            dim=1,
-        )  # [P*K, cached + Lp + P*K]
+    def _mask(self, cached: int, n_pending: int, n_pieces: int, n_ahead: int = 0) -> torch.Tensor:
+        """[1, 1, L, cached + L] (L = Lp + P*K + C*2K), the packed layout: pending rows as `_pending_mask`;
+        piece rows see the cache, the whole pending prefix and their own piece, never another piece; a cross
+        piece's rows see the cache, the pending prefix and its own rows of the same or the earlier block."""
+        k = self.block_length
+        # each row's piece (cross pieces after the pieces) and block within it (0, or 1 for a next-block row)
+        piece_id = torch.cat([torch.arange(n_pieces, device=self.device).repeat_interleave(k),
+                              n_pieces + torch.arange(n_ahead, device=self.device).repeat_interleave(2 * k)])
+        block = torch.cat([torch.zeros(n_pieces * k, dtype=torch.long, device=self.device),
+                           torch.arange(2, device=self.device).repeat_interleave(k).repeat(n_ahead)])
+        n = piece_id.numel()
+        own = (piece_id[:, None] == piece_id[None, :]) & (block[None, :] <= block[:, None])
+        piece_rows = torch.cat([torch.ones(n, cached + n_pending, dtype=torch.bool, device=self.device), own], dim=1)
         if n_pending == 0:
             return piece_rows[None, None]
         pending_rows = torch.cat(
             [self._pending_mask(cached, n_pending), torch.zeros(n_pending, n, dtype=torch.bool, device=self.device)], dim=1
-        )  # [Lp, cached + Lp + P*K]
+        )  # [Lp, cached + L]
         return torch.cat([pending_rows, piece_rows])[None, None]

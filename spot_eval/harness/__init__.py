@@ -4,6 +4,7 @@
 - `registration.py`: registering `spot` with lm-eval at start-up (lm-eval 0.4.13 has no plugin discovery).
 - `session.py`: one run's per-request records, run directory and MLflow logging.
 - `lossless.py`: each method's tokens against draft-free, and the margin at a divergence.
+- `rescore.py`: a lossy method's own texts scored with lm-eval's task, beside the draft-free text.
 - `methods.py`: method items (`spot@8`, `spiffy@3:graph.json`) parsed, and their drafters built.
 - `decode.py`: `spot-eval decode`, one prompt with one method.
 

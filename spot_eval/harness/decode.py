@@ -37,11 +37,13 @@ def decode_prompt(
     steps: int | None = None,
     max_budget: int = MAX_BUDGET,
     cache: str | None = None,
+    cross_block: bool = False,
 ) -> dict:
     """drafter_path: the method's checkpoint or graph (default: the one shipped for the block
     length). With spiffy the budget is D*, the nodes kept by Spiffy's online pruning. exact: verify
     in the per-piece layout (spot.targets.attention). budget "auto": each tree sized by this device's
-    verify cost (spot.sizing), at most `max_budget` nodes."""
+    verify cost (spot.sizing), at most `max_budget` nodes. A lossy method (sets_max: max-commit) decodes
+    under its own acceptance rule, and its output differs from draft-free decoding's by design."""
     if method != DRAFT_FREE and method not in KNOWN:
         raise ValueError(f"unknown method {method!r}; choose {DRAFT_FREE} or one of {', '.join(KNOWN)}")
     if method == DRAFT_FREE and (budget or drafter_path):
@@ -66,10 +68,12 @@ def decode_prompt(
         sampling=Sampling(temperature=temperature, top_k=top_k, top_p=top_p),
         seed=seed,
         budget=budget,
+        cross_block=cross_block,
     )
     spec = None if method == DRAFT_FREE else MethodSpec(method, budget, drafter_path, auto)
     if spec is not None:
         drafter_file(spec, config.block_length)
+        config = spec.config(config)  # a lossy method's acceptance rule, checked against the policy
     model = load_target(target, block_length, device, exact, dtype, cache)
     ids = encode_prompt(model, prompt, chat)
     decode = model.tokenizer.decode
@@ -85,6 +89,7 @@ def decode_prompt(
     return {
         "method": method,
         "budget": "auto" if auto else budget,
+        "acceptance": config.acceptance,  # max_commit: lossy, the output differs from draft-free decoding's by design
         "max_budget": budget if auto else None,
         "mean_tree_size": s.mean_tree_size,
         "drafter_seconds_per_tree": None if sizing is None else drafter_seconds(sizing),
@@ -101,6 +106,7 @@ def decode_prompt(
         "prompt_tokens": len(ids),
         "block_length": model.block_length,
         "exact": exact,
+        "cross_block": cross_block,
         "cache": getattr(model, "cache", None),
         "dtype": str(model.model.dtype).removeprefix("torch."),
     }

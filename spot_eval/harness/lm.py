@@ -3,7 +3,9 @@
 The model returns the draft-free text (the target's own output, which lossless methods must
 reproduce) and records, per request and method, the tokens, target forwards, seconds and whether
 the tokens equal the draft-free ones. It stays task-blind: prompts, stop strings and scoring come
-from the task YAMLs.
+from the task YAMLs. A lossy method (`methods=sets_max@8`: max-commit, opt-in) is the labelled
+exception: its divergences are measured, not failures, and its own text is scored with the task's
+filters and metrics beside the draft-free one (spot_eval.harness.rescore).
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ class SpotArgs:
     max_budget: int = MAX_BUDGET  # budget=auto's cap (methods=spot@auto)
     unmasking: str = "single"  # single | threshold (Fast-dLLM) | static | dynamic (SDAR's schedules, with steps)
     threshold: float = 0.9
+    cross_block: bool = False  # a drafted node that finishes its block carries the next block's first state (lossless)
     steps: int | None = None  # SDAR's denoising_steps per block, for static and dynamic
     block_length: int | None = None
     gen_length: int = 256
@@ -91,6 +94,7 @@ class SpotArgs:
             gen_length=self.gen_length,
             sampling=Sampling(self.temperature, self.top_k, self.top_p),
             seed=self.seed,
+            cross_block=self.cross_block,
         )
 
 
@@ -129,6 +133,7 @@ class SpotLM(LM):
             raise ValueError("reference=False leaves nothing to compare the methods with; drop methods or keep reference")
         for spec in self.specs:
             drafter_file(spec, block_length)
+            spec.config(self.config)  # a lossy method's acceptance rule is checked against the policy here
         settings.check_output_dir("output_dir", args.output_dir)
         if args.cache is not None and args.cache not in CACHES:
             raise ValueError(f"cache={args.cache!r}: use one of {', '.join(CACHES)} (LLaDA and Dream targets only)")
@@ -163,7 +168,7 @@ class SpotLM(LM):
         profile = verify_profile(self.target)
         sizings, record = {}, {**profile.to_dict(), "drafter_seconds": {}}
         for spec in auto:
-            sizing = auto_sizing(self.target, self._drafters[spec.label], replace(self.config, budget=spec.budget), profile)
+            sizing = auto_sizing(self.target, self._drafters[spec.label], spec.config(self.config), profile)
             sizings[spec.label] = Refitted(sizing)
             record["drafter_seconds"][spec.label] = drafter_seconds(sizing)
         return sizings, record
@@ -291,12 +296,12 @@ class SpotLM(LM):
             drafter = self._drafters.get(spec.label) or build_drafter(spec, self.target, config.policy, reference, config.threshold)
             auto = self._sizings.get(spec.label)
             got = generate(
-                self.target, ids, replace(config, budget=spec.budget),
+                self.target, ids, spec.config(config),
                 drafter=drafter, request=request, decode=decode, record=True, sizing=auto and auto.sizing,
             )
             if auto:
                 auto.observe(got.stats)
-            methods.append(MethodRecord.of(spec.name, spec.budget, got, reference, config, mask_id, auto=spec.auto))
+            methods.append(MethodRecord.of(spec.name, spec.budget, got, reference, config, mask_id, auto=spec.auto, lossy=spec.lossy))
         record = RequestRecord(
             task=req.task_name, doc_id=req.doc_id, repeat=repeat, request=request,
             prompt_sha256=hashlib.sha256(context.encode()).hexdigest()[:16], text=reference.text, methods=methods,
@@ -320,6 +325,7 @@ def _request_id(task: str | None, doc_id: int | None, repeat: int) -> int:
 def _config_dict(config: DecodeConfig) -> dict:
     d = asdict(config)
     d.pop("stop_strings")
+    d.pop("acceptance")  # the draft-free decoder's is always exact; a lossy method's goes with its label
     return d
 
 

@@ -6,6 +6,9 @@ decisions went the other way (the token at a committed position, the position th
 position crossing tau), and how near that decision was in the draft-free run (`spot.policy.Margins`).
 A layout whose logits are off by at most delta can only flip a decision within `Margins.bounds`
 (README, "Exactness"); a divergence beyond them is a bug.
+
+A lossy method (spot_eval.harness.methods.LOSSY: max-commit) differs from draft-free by design: the
+same diff runs and its divergences are reported as rates, never as bugs (`MethodRecord.lossy`).
 """
 
 from __future__ import annotations
@@ -43,6 +46,9 @@ class MethodRecord:
     divergence: Divergence | None
     draft_nodes: int = 0  # draft nodes verified, over all forwards
     auto: bool = False  # budget=auto, `budget` its cap
+    lossy: bool = False  # differs from draft-free by design (max-commit): a divergence is measured, not a failure
+    token_divergence: float = 0.0  # the fraction of output positions whose token differs from draft-free's
+    text: str | None = None  # a lossy method's own output text, which lm-eval does not score (spot_eval.harness.rescore)
 
     @property
     def label(self) -> str:
@@ -57,18 +63,34 @@ class MethodRecord:
 
     @property
     def lossless(self) -> bool:
+        """The tokens equal draft-free's (for a lossy method: this request happened not to differ)."""
         return self.divergence is None
+
+    @property
+    def failed(self) -> bool:
+        """A divergence of a method that must be lossless."""
+        return self.divergence is not None and not self.lossy
 
     @classmethod
     def of(
-        cls, method: str, budget: int, got: Generation, reference: Generation, config: DecodeConfig, mask_id: int, auto: bool = False
+        cls, method: str, budget: int, got: Generation, reference: Generation, config: DecodeConfig, mask_id: int,
+        auto: bool = False, lossy: bool = False,
     ) -> MethodRecord:
         """`got` and `reference` with their trajectories (record=True; the reference with record_margins=True)."""
         s = got.stats
         return cls(
             method, budget, got.token_ids, s.forwards, s.steps, s.seconds, s.target_seconds, s.drafter_seconds,
-            s.accepted_lengths, diverge(got, reference, config, mask_id), s.draft_nodes, auto,
+            s.accepted_lengths, diverge(got, reference, config, mask_id), s.draft_nodes, auto, lossy,
+            token_divergence(got.token_ids, reference.token_ids), got.text if lossy else None,
         )
+
+
+def token_divergence(a: tuple[int, ...], b: tuple[int, ...]) -> float:
+    """The fraction of output positions (of the longer output) whose tokens differ; a position only one
+    output reaches differs. Block diffusion writes each position in place, so positions are compared, not
+    an alignment."""
+    n = max(len(a), len(b))
+    return sum(x != y for x, y in zip(a, b, strict=False)) / n + (n - min(len(a), len(b))) / n if n else 0.0
 
 
 def first_difference(a: tuple[int, ...], b: tuple[int, ...]) -> int | None:

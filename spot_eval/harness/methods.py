@@ -5,19 +5,25 @@ Items are joined with `+` (lm-eval splits `--model_args` on commas, so a comma c
 items). Without `@budget` an item runs at every budget of `budgets=`. Without `:path` the drafter
 shipped for the target's block length is used. `auto` sizes every tree by what a verify costs on
 the device (spot.sizing), up to `max_budget` nodes.
+
+Every method is lossless (exact acceptance) except the `LOSSY` ones, which are opt-in and never a
+default: `sets_max` is SPOT-Sets' drafter under max-commit acceptance (spot.acceptance), whose outputs
+differ from the draft-free decoder's by design; the harness reports how often instead of failing.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
+from spot import DecodeConfig
 from spot.drafters import AdversarialDrafter, Drafter, OracleDrafter, RandomDrafter
 from spot_eval.checkpoints.shipped import shipped_drafter
 from spot_eval.harness.settings import as_int
 
-LEARNED = ("spot", "spot_gamma", "spiffy", "sets")
+LEARNED = ("spot", "spot_gamma", "spiffy", "sets", "sets_max")
+LOSSY = {"sets_max": "max_commit"}  # method -> its lossy acceptance rule (DecodeConfig.acceptance)
 AUTO = ("spot", "spot_gamma", "spiffy")  # the drafters that know their reach (budget=auto)
 MAX_BUDGET = 20  # budget=auto's default cap: the paper's largest budget
 REFERENCE = ("random", "adversarial", "oracle")  # need the draft-free trajectory (oracle, adversarial)
@@ -39,6 +45,15 @@ class MethodSpec:
     @property
     def needs_reference(self) -> bool:
         return self.name in ("oracle", "adversarial")
+
+    @property
+    def lossy(self) -> bool:
+        """Its outputs differ from the draft-free decoder's by design: report divergences, never fail on them."""
+        return self.name in LOSSY
+
+    def config(self, config: DecodeConfig) -> DecodeConfig:
+        """The run's decoder config as this method decodes with it: its budget, and its acceptance rule."""
+        return replace(config, budget=self.budget, acceptance=LOSSY.get(self.name, "exact"))
 
 
 def split_list(value: object) -> list[str]:
@@ -77,38 +92,48 @@ def parse_methods(methods: object, budgets: object, max_budget: int = MAX_BUDGET
     return specs
 
 
-# What each learned method reads, by the first bytes of the file: torch.save writes a zip archive.
+# What each learned method reads, by the first bytes of the file (torch.save writes a zip archive): its
+# kinds, each (magic, what it is, its suffix, the command that makes it).
+_ORDER_MODEL = (b"PK", "an order-model checkpoint", ".pt", "train-drafter")
+_SETS = ((b"PK", "a set model", ".pt", "train-sets"), (b"{", "a stale set predictor", ".json", "fit-sets"))
 _KINDS = {
-    "spot": (b"PK", "an order-model checkpoint (.pt, spot-eval train-drafter)"),
-    "spot_gamma": (b"PK", "an order-model checkpoint (.pt, spot-eval train-drafter)"),
-    "spiffy": (b"{", "a Spiffy graph (.json, spot-eval spiffy-calibrate)"),
-    "sets": (b"{", "a set predictor (.json, spot-eval fit-sets)"),
+    "spot": (_ORDER_MODEL,),
+    "spot_gamma": (_ORDER_MODEL,),
+    "spiffy": ((b"{", "a Spiffy graph", ".json", "spiffy-calibrate"),),
+    "sets": _SETS,
+    "sets_max": _SETS,
 }
-
-
-_FIT = {"spiffy": "spiffy-calibrate", "sets": "fit-sets"}  # the command that makes each method's file
 
 
 def drafter_file(spec: MethodSpec, block_length: int) -> Path | None:
     """The file a learned method reads (its own `path`, or the one shipped for `block_length`),
-    checked to exist and to be of the method's kind before anything loads; None for the reference drafters."""
+    checked to exist and to be of one of the method's kinds before anything loads; None for the reference drafters."""
     if spec.name not in _KINDS:
         return None
-    magic, kind = _KINDS[spec.name]
+    kinds = _KINDS[spec.name]
     path = Path(spec.path) if spec.path else shipped_drafter(spec.name, block_length)
     if not path.is_file():
         if spec.path:
             raise FileNotFoundError(f"{spec.name} drafter file {path} does not exist")
         raise FileNotFoundError(
             f"no {spec.name} drafter ships for block length {block_length}: train one for this target "
-            f"(spot-eval collect, then {_FIT.get(spec.name, 'train-drafter')}) and pass it "
+            f"(spot-eval collect, then {' or '.join(command for *_, command in kinds)}) and pass it "
             f"(lm_eval: methods={spec.name}:PATH; spot-eval decode: --drafter PATH)"
         )
-    with path.open("rb") as f:
-        head = f.read(len(magic)).lstrip() if magic == b"{" else f.read(len(magic))
-    if head != magic:
-        raise ValueError(f"{path} is not {kind}, which method {spec.name} reads; pass such a file or pick the method it belongs to")
+    if drafter_kind(spec, path) is None:
+        wanted = " or ".join(f"{what} ({suffix}, spot-eval {command})" for _, what, suffix, command in kinds)
+        raise ValueError(f"{path} is not {wanted}, which method {spec.name} reads; pass such a file or pick the method it belongs to")
     return path
+
+
+def drafter_kind(spec: MethodSpec, path: Path) -> str | None:
+    """The command that makes the file's kind among the method's (None: none of them)."""
+    with path.open("rb") as f:
+        head = f.read(16)
+    for magic, _, _, command in _KINDS[spec.name]:
+        if (head.lstrip() if magic == b"{" else head).startswith(magic):
+            return command
+    return None
 
 
 def build_drafter(spec: MethodSpec, target, policy: str, reference=None, threshold: float | None = None) -> Drafter:
@@ -121,11 +146,13 @@ def build_drafter(spec: MethodSpec, target, policy: str, reference=None, thresho
     if spec.name == "adversarial":
         return AdversarialDrafter(reference.trajectory, target.vocab_size)
     path = drafter_file(spec, target.block_length)
-    if spec.name == "sets":
+    if spec.name in ("sets", "sets_max"):  # sets_max: the same drafter under max-commit acceptance (MethodSpec.config)
         from spot.drafters.sets import SetsDrafter
+        from spot_eval.checkpoints.set_model import set_model_for_target
         from spot_eval.checkpoints.set_predictor import set_predictor_for_target
 
-        return SetsDrafter(set_predictor_for_target(target, policy, threshold, path))
+        learned = drafter_kind(spec, path) == "train-sets"
+        return SetsDrafter((set_model_for_target if learned else set_predictor_for_target)(target, policy, threshold, path))
     if spec.name == "spiffy":
         from spot.drafters.spiffy import SpiffyDrafter
         from spot_eval.checkpoints.spiffy_graph import graph_for_target

@@ -3,7 +3,8 @@
 `register()` adds a lazy `spot` entry (torch and the model load only when `--model spot` is
 used), imports `lm_eval.models` first so the built-ins (`hf`, `dummy`, ...) stay resolvable, and
 wraps `lm_eval.evaluator.evaluate` so that a SpotLM sees the scored results: accuracy lands in
-the same run as the decoding statistics even under the plain `lm_eval` command.
+the same run as the decoding statistics even under the plain `lm_eval` command (and the evaluated
+tasks, which score a lossy method's own texts: spot_eval.harness.rescore).
 The installed `spot_eval_lm_eval.pth` (see setup.py; a regular or an editable install) runs
 `at_startup()` in every interpreter of the environment, which calls `cli_startup()` only when the
 program is lm-eval's command line: the `lm_eval`/`lm-eval` console script or `python -m lm_eval`
@@ -106,7 +107,7 @@ def _reporting(evaluate):
         inner = getattr(lm, "lm", lm)  # unwrap lm-eval's CachingLM
         finish = getattr(getattr(inner, "session", None), "finish", None)
         if callable(finish):
-            finish(results)
+            finish(results, kwargs.get("task_dict", args[0] if args else None))
         return results
 
     wrapped._spot_wrapped = True

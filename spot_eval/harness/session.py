@@ -2,13 +2,16 @@
 
 The model adds a `RequestRecord` per request; after lm-eval has scored the outputs, `finish`
 writes the per-sample JSONL and the summary, and reports divergences (nothing is lost: the files
-are written before a divergence ends the run with a non-zero exit).
+are written before a divergence ends the run with a non-zero exit). A lossy method's divergences
+(max-commit, opt-in) end nothing: its divergence rates, and its own outputs' accuracy against
+draft-free's (spot_eval.harness.rescore), are reported under a "lossy" label instead.
 
 A run directory holds:
     run.json          settings: model_args, decoder config, fingerprints, MLflow run, versions
     samples.jsonl     one row per request and method (tokens, forwards, seconds, divergence)
     summary.csv       per task and method: sums and ratios against draft-free
-    outcomes.jsonl    per scored sample and metric, lm-eval's value (with `--log_samples`)
+    outcomes.jsonl    per scored sample, metric and label: lm-eval's value for the draft-free text (with
+                      `--log_samples`), and each lossy method's own text scored the same way
     lm_eval_results.json, throughput_ratio.png, accepted_lengths.png
 `spot_eval.reports.results` reads these back (nightly reports, `spot-eval compare`).
 """
@@ -28,8 +31,9 @@ import pandas as pd
 
 from spot_eval.harness.lossless import MethodRecord
 from spot_eval.harness.parallel import ONE_PROCESS, Ranks
+from spot_eval.harness.rescore import score_texts
 from spot_eval.reports.plots import accepted_histogram, throughput_bars
-from spot_eval.reports.regression import describe
+from spot_eval.reports.regression import describe, lossy_accuracy
 from spot_eval.reports.results import summarize
 from spot_eval.tracking.writer import Tracker, safe_name
 
@@ -58,7 +62,8 @@ class RequestRecord:
 
 
 def outcomes(samples: dict) -> list[dict]:
-    """lm-eval's logged samples ({task: [sample]}) -> one row per (task, doc, filter, metric) with its value."""
+    """lm-eval's logged samples ({task: [sample]}) -> one row per (task, doc, filter, metric) with its value
+    (of the draft-free text, the one lm-eval scores)."""
     rows = []
     for task, logged in samples.items():
         for sample in logged:
@@ -66,7 +71,7 @@ def outcomes(samples: dict) -> list[dict]:
                 value = sample.get(metric)
                 if isinstance(value, (int, float)):
                     rows.append({"task": task, "doc_id": sample["doc_id"], "filter": sample.get("filter"),
-                                 "metric": metric, "value": float(value)})
+                                 "metric": metric, "value": float(value), "label": "draft_free"})
     return rows
 
 
@@ -75,7 +80,8 @@ LEGEND = (
     "throughput_ratio: draft-free seconds / the method's, same requests, this machine (on a CPU a verify of "
     "P pieces costs about P forwards, so it lags the forward ratio; on a GPU small P are nearly free). "
     "tokens_per_forward: output tokens per forward (below 1 where EOS or a stop string cuts a block whose "
-    "positions each took a step). lossless: the fraction of requests whose tokens equal draft-free's."
+    "positions each took a step). lossless: the fraction of requests whose tokens equal draft-free's "
+    "(a lossy method's 1 - lossless is its divergence rate, by design)."
 )
 
 
@@ -127,10 +133,20 @@ class Session:
         """Per task and method: sums over the same requests, ratios against draft-free."""
         return summarize(self.frame(), ["task"])
 
+    def lossy_texts(self) -> dict[tuple[str, int, str], list[str]]:
+        """Each lossy method's own texts by (task, doc_id, label), in repeat order: what lm-eval did not score."""
+        texts: dict[tuple[str, int, str], list[str]] = {}
+        for r in sorted(self.records, key=lambda r: r.repeat):
+            for m in r.methods:
+                if m.lossy:
+                    texts.setdefault((r.task, r.doc_id, m.label), []).append(m.text)
+        return texts
+
     def divergences(self) -> list[dict]:
+        """The divergences of methods that must be lossless (a lossy method's are its measured rate)."""
         return [
             {"task": r.task, "doc_id": r.doc_id, "repeat": r.repeat, "method": m.label, **asdict(m.divergence)}
-            for r in self.records for m in r.methods if m.divergence is not None
+            for r in self.records for m in r.methods if m.failed
         ]
 
     def flush(self) -> Path:
@@ -150,19 +166,23 @@ class Session:
         self._write(files)
         return self.out_dir / "samples.jsonl"
 
-    def finish(self, results: dict | None) -> None:
+    def finish(self, results: dict | None, tasks: object = None) -> None:
         """After lm-eval scored the outputs: write and log everything, print the table, then gate.
 
-        Called on every rank: the records reach rank 0 (each request once: lm-eval's padding copies
-        were never recorded), which goes on alone."""
+        tasks: the task dict lm-eval evaluated, which scores the lossy methods' own texts (None: unscored).
+        Called on every rank: each scores its own requests' lossy texts (its tasks hold their documents),
+        then the records reach rank 0 (each request once: lm-eval's padding copies were never recorded),
+        which goes on alone."""
+        lossy = score_texts(tasks, self.lossy_texts()) if tasks is not None else []
         if self.ranks.world_size > 1:
-            parts = self.ranks.gather_object(self.records)
+            parts = self.ranks.gather_object((self.records, lossy))
             if not self.ranks.main:
                 return
-            self.records = sorted((r for part in parts for r in part), key=lambda r: (r.task or "", r.doc_id or 0, r.repeat))
+            self.records = sorted((r for part, _ in parts for r in part), key=lambda r: (r.task or "", r.doc_id or 0, r.repeat))
+            lossy = [row for _, rows in parts for row in rows]
         self.flush()
+        scored = outcomes((results or {}).get("samples") or {}) + lossy  # lm-eval's per-sample scores: only with --log_samples
         if results is not None:
-            scored = outcomes(results.get("samples") or {})  # per-sample scores: only with --log_samples
             kept = {k: v for k, v in results.items() if k != "samples"}  # docs and responses: in samples.jsonl
 
             def files(out: Path) -> None:
@@ -172,11 +192,14 @@ class Session:
 
             self._write(files)
         table = self.summary()
-        self._log(table, results)
+        accuracy = lossy_accuracy(pd.DataFrame(scored))
+        self._log(table, results, accuracy)
         if not table.empty:
             columns = ["task", "label", "requests", "forward_ratio", "throughput_ratio", "tokens_per_forward", "lossless"]
             print(table[columns].to_string(index=False, float_format=lambda x: f"{x:.3f}"))
             print(LEGEND)
+            for line in lossy_lines(table, accuracy):
+                print(line)
         print(f"spot-eval: samples and summary in {self.out_dir}")
         uri = getattr(self.tracker, "uri", None)
         if uri and uri.startswith("sqlite:"):
@@ -195,8 +218,9 @@ class Session:
         if failures:
             raise SystemExit("\n".join(failures))
 
-    def _log(self, table: pd.DataFrame, results: dict | None) -> None:
-        """Accuracy on the parent run; per-method statistics on one nested run per method."""
+    def _log(self, table: pd.DataFrame, results: dict | None, accuracy: pd.DataFrame) -> None:
+        """Accuracy on the parent run; per-method statistics on one nested run per method (a lossy one tagged
+        spot_eval.lossy=true, with its own outputs' accuracy beside draft-free's on the same samples)."""
         tracker = self.tracker
         for task, metrics in ((results or {}).get("results") or {}).items():
             tracker.log_metrics({safe_name(f"{task}/{k}"): v for k, v in metrics.items()
@@ -210,9 +234,15 @@ class Session:
                     prefix = f"{row.task}/"
                     run.log_metrics({
                         safe_name(prefix + k): float(row[k]) for k in (
-                            "forward_ratio", "throughput_ratio", "tokens_per_forward", "lossless", "accepted_mean",
-                            "mean_tree_size", "forwards", "seconds", "drafter_seconds", "tokens", "requests")
+                            "forward_ratio", "throughput_ratio", "tokens_per_forward", "lossless", "token_divergence",
+                            "accepted_mean", "mean_tree_size", "forwards", "seconds", "drafter_seconds", "tokens", "requests")
                     })
+                if rows.lossy.any():
+                    run.set_tags({LOSSY_TAG: "true"})
+                    for _, r in (accuracy[accuracy.label == label] if not accuracy.empty else accuracy).iterrows():
+                        name = f"{r.task}/{r.metric},{r['filter']}"
+                        run.log_metrics({safe_name(name): float(r.accuracy), safe_name(f"{name}/draft_free"): float(r.accuracy_draft_free),
+                                         safe_name(f"{name}/mcnemar_p"): float(r.p)})
                 lengths = [n for a in frame[frame.label == label].accepted_lengths for n in a]
                 if lengths:
                     ordered = sorted(lengths)
@@ -228,6 +258,23 @@ class Session:
             self._write(plots)
         for path in sorted(self.out_dir.iterdir()):
             tracker.log_artifact(path, "spot-eval")
+
+
+LOSSY_TAG = "spot_eval.lossy"
+
+
+def lossy_lines(table: pd.DataFrame, accuracy: pd.DataFrame) -> list[str]:
+    """What the run prints for each lossy method: that it is lossy, how often it differs, and its accuracy."""
+    lines = []
+    for _, r in table[table.lossy].iterrows() if not table.empty else ():
+        differ = round((1 - r.lossless) * r.requests)
+        lines.append(f"spot-eval: {r.label} is LOSSY by design (max-commit acceptance, opt-in; not checked for losslessness): "
+                     f"on {r.task}, {differ} of {r.requests} requests ({1 - r.lossless:.1%}) and {r.token_divergence:.1%} of "
+                     "output positions differ from draft-free")
+        for _, a in (accuracy[(accuracy.label == r.label) & (accuracy.task == r.task)] if not accuracy.empty else accuracy).iterrows():
+            lines.append(f"  {a.metric} ({a['filter']}): {a.accuracy:.3f} against draft-free's {a.accuracy_draft_free:.3f} on "
+                         f"{a.samples} paired samples ({a.lost} lost, {a.gained} gained, McNemar p = {a.p:.3g})")
+    return lines
 
 
 def _fallback_dir() -> Path:

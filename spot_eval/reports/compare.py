@@ -5,7 +5,8 @@ one column per method and budget. A cell is the throughput ratio over draft-free
 over seeds ± std, with the best of its row in bold and a mark for losslessness (every request of
 the cell token-identical to draft-free, or the lossless fraction). A second table does the same
 for target-forward ratios, and a third gives the mean tree size (draft nodes per verify forward), which
-budget=auto chooses step by step. One set of tables per temperature; the caption states the target,
+budget=auto chooses step by step. A lossy method (max-commit, opt-in) is marked "lossy" with the share of
+its requests whose output differs from draft-free, never ✓ or ✗: it differs by design. One set of tables per temperature; the caption states the target,
 block length, generation length, budgets, temperature and seeds.
 """
 
@@ -23,6 +24,7 @@ from spot_eval.reports.results import Bundle, summarize
 METHOD_ORDER = ("spiffy", "spot", "spot_gamma")
 DISPLAY = {"spiffy": "Spiffy", "spot": "SPOT", "spot_gamma": "SPOT-γ"}
 LOSSLESS, LOSSY = "✓", "✗"
+BY_DESIGN = "lossy"  # the mark of a method that differs from draft-free by design (max-commit)
 
 
 @dataclass(frozen=True)
@@ -57,7 +59,7 @@ def long_form(bundle: Bundle) -> pd.DataFrame:
         throughput_mean=("throughput_ratio", "mean"), throughput_std=("throughput_ratio", "std"),
         forward_mean=("forward_ratio", "mean"), forward_std=("forward_ratio", "std"),
         tree_mean=("mean_tree_size", "mean"), tree_std=("mean_tree_size", "std"),
-        lossless=("lossless", "mean"), seeds=("seed", "nunique"), requests=("requests", "sum"),
+        lossless=("lossless", "mean"), lossy=("lossy", "max"), seeds=("seed", "nunique"), requests=("requests", "sum"),
     ).reset_index()
 
 
@@ -76,7 +78,10 @@ def _cells(numbers: pd.DataFrame, metric: str, best_bold: bool = True) -> pd.Dat
             text = f"{r[f'{metric}_mean']:.2f}" + (f" ± {r[f'{metric}_std']:.2f}" if r["seeds"] > 1 else "")
             if best_bold and r[f"{metric}_mean"] == best:
                 text = f"**{text}**"
-            mark = LOSSLESS if r["lossless"] == 1.0 else f"{LOSSY} {r['lossless']:.0%}"
+            if r["lossy"]:
+                mark = f"{BY_DESIGN}, {1 - r['lossless']:.0%} differ"
+            else:
+                mark = LOSSLESS if r["lossless"] == 1.0 else f"{LOSSY} {r['lossless']:.0%}"
             line[display_name(label)] = f"{text} {mark}"
         table[task] = line
     out = pd.DataFrame.from_dict(table, orient="index")
@@ -96,7 +101,8 @@ def compare(bundle: Bundle) -> list[Comparison]:
         caption = (f"Target {s.get('target')}, block {s.get('block_length')}, generation length {s.get('gen_length')}, "
                    f"T = {temperature:g}, seeds {', '.join(map(str, seeds))}; methods and budgets: {budgets}. "
                    f"Ratios over draft-free decoding of the same requests in the same process (mean ± std over seeds); "
-                   f"best per task in bold; {LOSSLESS} = every output token-identical to draft-free.")
+                   f"best per task in bold; {LOSSLESS} = every output token-identical to draft-free; {BY_DESIGN} = max-commit, "
+                   "whose outputs differ from draft-free by design (the share of requests that differ).")
         out.append(Comparison(float(temperature), caption, _cells(rows, "throughput"), _cells(rows, "forward"),
                               _cells(rows, "tree", best_bold=False), rows))
     return out

@@ -39,7 +39,14 @@ from spot_eval.reports.history import (
     nightly_bundle,
     nightly_runs,
 )
-from spot_eval.reports.regression import Finding, Tolerances, accuracy_changes, find_regressions, method_table
+from spot_eval.reports.regression import (
+    Finding,
+    Tolerances,
+    accuracy_changes,
+    find_regressions,
+    lossy_accuracy,
+    method_table,
+)
 from spot_eval.reports.report import Report, Section, write
 from spot_eval.reports.results import Bundle, ResultsError, check_settings, combine, read_bundle, read_run
 from spot_eval.tracking.writer import TrackingConfig, open_tracker, safe_name
@@ -213,8 +220,8 @@ def build_report(suite: Suite, new: Bundle, base: Bundle | None, baseline: str, 
     hist = plots.accepted_histogram(new.samples, report_dir / "accepted_lengths.png")
     sections = [Section("Findings", "\n\n".join(f"- **{f.kind}** {f.where}: {f.detail}" for f in findings) or "None.")]
     columns = [c for c in ("temperature", "task", "label", "throughput_ratio", "throughput_ratio_base", "throughput_std",
-                           "forward_ratio", "forward_ratio_base", "forwards", "forwards_base", "lossless",
-                           "accepted_mean", "drafter_share") if c in table.columns]
+                           "forward_ratio", "forward_ratio_base", "forwards", "forwards_base", "lossless", "lossy",
+                           "token_divergence", "accepted_mean", "drafter_share") if c in table.columns]
     sections.append(Section("Speed per task and method",
                             "Ratios are draft-free over method, summed over the same requests (mean over seeds).",
                             tables=(("per temperature, task and method", table[columns]),), figures=tuple(figures)))
@@ -223,6 +230,12 @@ def build_report(suite: Suite, new: Bundle, base: Bundle | None, baseline: str, 
                                 tables=(("lost / gained: samples right in the baseline and wrong now, and the reverse", accuracy),)))
     elif not new.accuracy.empty:
         sections.append(Section("Accuracy", tables=(("lm-eval's scores", new.accuracy),)))
+    lossy = lossy_accuracy(new.outcomes)
+    if not lossy.empty:
+        sections.append(Section("Lossy methods against draft-free (paired per sample)",
+                                "A lossy method (max-commit, opt-in) differs from draft-free by design: its divergence rate is "
+                                "1 - lossless above, and a drop in its own outputs' accuracy beyond noise is a finding.",
+                                tables=(("accuracy of each lossy method's outputs and of draft-free's on the same samples", lossy),)))
     sections.append(Section("Accepted lengths", figures=(("steps advanced per verify forward", hist),)))
     if not trend.empty:
         sections.append(Section(f"Trend over the last {trend.time.nunique()} nightlies",
@@ -304,7 +317,7 @@ def _log_nightly(suite: Suite, tracking_uri: str | None, date: str, table: pd.Da
                         "seeds": ",".join(map(str, suite.seeds)), "gen_length": suite.gen_length})
     metrics = {"regressions": float(len(findings))}
     for _, r in table[table.label != "draft_free"].iterrows():
-        for column in ("throughput_ratio", "forward_ratio", "lossless"):
+        for column in ("throughput_ratio", "forward_ratio", "lossless") + (("token_divergence",) if r.get("lossy") else ()):
             metrics[safe_name(f"{column}/T{r.temperature:g}/{r.task}/{r.label}")] = float(r[column])
     for label, g in table[table.label != "draft_free"].groupby("label"):
         metrics[safe_name(f"throughput_ratio/mean/{label}")] = float(g.throughput_ratio.mean())

@@ -1,10 +1,12 @@
 """What counts as a regression of a nightly against its baseline: pure functions over two bundles.
 
 Four checks, each on what the two runs have in common (same temperature, seed, task, request):
-    divergence   any method whose tokens differ from draft-free in the new run;
+    divergence   any lossless method whose tokens differ from draft-free in the new run (a lossy
+                 method, max-commit, differs by design: its divergence rate is reported instead);
     accuracy     per task and metric, the paired per-sample outcomes: an exact McNemar test on the
                  samples that flipped (b right -> wrong, c wrong -> right) flags b > c at p < accuracy_p,
-                 so one unlucky sample in a small suite is not a regression but a real drop is;
+                 so one unlucky sample in a small suite is not a regression but a real drop is; the same
+                 test sets each lossy method's own outputs against draft-free's in the new run;
     throughput   a method's throughput ratio (mean over seeds) below baseline * (1 - throughput_drop);
     forwards     a method's summed target forwards above baseline * (1 + forward_rise).
 """
@@ -53,7 +55,9 @@ def _t(temperature: float) -> str:
 
 
 def divergences(new: Bundle) -> list[Finding]:
-    bad = new.samples[~new.samples["lossless"].astype(bool)]
+    samples = new.samples
+    lossy = samples["lossy"].eq(True) if "lossy" in samples.columns else False
+    bad = samples[~samples["lossless"].astype(bool) & ~lossy]
     out = []
     for (temperature, seed, task, label), rows in bad.groupby(["temperature", "seed", "task", "label"], sort=True):
         first = rows.iloc[0]
@@ -63,27 +67,72 @@ def divergences(new: Bundle) -> list[Finding]:
     return out
 
 
+def labelled(outcomes: pd.DataFrame) -> pd.DataFrame:
+    """Outcomes with their method: lm-eval's own rows score the draft-free text (runs written before lossy
+    methods were rescored carry no label)."""
+    if outcomes.empty:
+        return outcomes
+    label = outcomes["label"].fillna("draft_free") if "label" in outcomes.columns else "draft_free"
+    return outcomes.assign(label=label)
+
+
+def _paired(both: pd.DataFrame, keys: list[str], suffix: str) -> pd.DataFrame:
+    """Per keys, the exact McNemar test of `value` against `value{suffix}` on the same samples (> 0.5 is right)."""
+    rows = []
+    for key, g in both.groupby(keys, sort=True, dropna=False):
+        right, right_other = g["value"] > 0.5, g[f"value{suffix}"] > 0.5
+        b, c = int((right_other & ~right).sum()), int((~right_other & right).sum())
+        rows.append(dict(zip(keys, key, strict=True)) | {
+            "samples": len(g), "accuracy": right.mean(), f"accuracy{suffix}": right_other.mean(), "lost": b, "gained": c,
+            "p": mcnemar_p(b, c),
+        })
+    return pd.DataFrame(rows)
+
+
+def _metric(row) -> str:
+    return f"{row['metric']}" + (f" ({row['filter']})" if row["filter"] not in (None, "none") else "")
+
+
 def accuracy_changes(new: Bundle, base: Bundle, p_max: float) -> tuple[list[Finding], pd.DataFrame]:
-    """Findings, and the paired table (per temperature, seed, task, filter, metric)."""
-    keys = ["temperature", "seed", "task", "filter", "metric"]
+    """Findings, and the paired table (per temperature, seed, task, filter, metric and scored method)."""
+    keys = ["temperature", "seed", "task", "filter", "metric", "label"]
     if new.outcomes.empty or base.outcomes.empty:
         return [], pd.DataFrame()
-    both = new.outcomes.merge(base.outcomes, on=[*keys, "doc_id"], suffixes=("", "_base"))
-    rows, findings = [], []
-    for key, g in both.groupby(keys, sort=True, dropna=False):
-        right, right_base = g["value"] > 0.5, g["value_base"] > 0.5
-        b, c = int((right_base & ~right).sum()), int((~right_base & right).sum())
-        p = mcnemar_p(b, c)
-        row = dict(zip(keys, key, strict=True)) | {
-            "samples": len(g), "accuracy": right.mean(), "accuracy_base": right_base.mean(), "lost": b, "gained": c, "p": p,
-        }
-        rows.append(row)
-        if b > c and p < p_max:
-            metric = f"{row['metric']}" + (f" ({row['filter']})" if row["filter"] not in (None, "none") else "")
-            findings.append(Finding("accuracy", f"{_t(row['temperature'])} seed {row['seed']} {row['task']} {metric}",
-                                    f"{row['accuracy_base']:.3f} -> {row['accuracy']:.3f} on {len(g)} paired samples "
-                                    f"({b} lost, {c} gained, McNemar p = {p:.3g})"))
-    return findings, pd.DataFrame(rows)
+    both = labelled(new.outcomes).merge(labelled(base.outcomes), on=[*keys, "doc_id"], suffixes=("", "_base"))
+    table = _paired(both, keys, "_base")
+    findings = []
+    for _, row in table.iterrows():
+        if row["lost"] > row["gained"] and row["p"] < p_max:
+            method = "" if row["label"] == "draft_free" else f" {row['label']}"
+            findings.append(Finding("accuracy", f"{_t(row['temperature'])} seed {row['seed']} {row['task']} {_metric(row)}{method}",
+                                    f"{row['accuracy_base']:.3f} -> {row['accuracy']:.3f} on {row['samples']} paired samples "
+                                    f"({row['lost']} lost, {row['gained']} gained, McNemar p = {row['p']:.3g})"))
+    return findings, table
+
+
+def lossy_accuracy(outcomes: pd.DataFrame) -> pd.DataFrame:
+    """Each lossy method's own outputs against draft-free's on the same samples, per (temperature, seed,) task,
+    filter and metric: accuracy, accuracy_draft_free, lost (right in draft-free, wrong in the method), gained,
+    McNemar p. Empty without per-sample outcomes of both."""
+    outcomes = labelled(outcomes)
+    if outcomes.empty:
+        return pd.DataFrame()
+    keys = [k for k in ("temperature", "seed", "task", "filter", "metric") if k in outcomes.columns]
+    draft_free = outcomes[outcomes.label == "draft_free"].drop(columns="label")
+    both = outcomes[outcomes.label != "draft_free"].merge(draft_free, on=[*keys, "doc_id"], suffixes=("", "_draft_free"))
+    return _paired(both, ["label", *keys], "_draft_free") if not both.empty else pd.DataFrame()
+
+
+def lossy_accuracy_drops(new: Bundle, p_max: float) -> list[Finding]:
+    """A lossy method whose outputs score below draft-free's beyond noise (the paired test of `accuracy_changes`)."""
+    findings = []
+    for _, row in lossy_accuracy(new.outcomes).iterrows():
+        if row["lost"] > row["gained"] and row["p"] < p_max:
+            findings.append(Finding("accuracy", f"{_t(row['temperature'])} seed {row['seed']} {row['task']} {_metric(row)} "
+                                                f"{row['label']} (lossy) vs draft-free",
+                                    f"{row['accuracy_draft_free']:.3f} -> {row['accuracy']:.3f} on {row['samples']} paired samples "
+                                    f"({row['lost']} lost, {row['gained']} gained, McNemar p = {row['p']:.3g})"))
+    return findings
 
 
 def method_table(new: Bundle, base: Bundle | None) -> pd.DataFrame:
@@ -107,8 +156,8 @@ def _per_method(summary: pd.DataFrame) -> pd.DataFrame:
     return summary.groupby(["temperature", "task", "label"], sort=False).agg(
         throughput_ratio=("throughput_ratio", "mean"), throughput_std=("throughput_ratio", "std"),
         forward_ratio=("forward_ratio", "mean"), forwards=("forwards", "sum"),
-        lossless=("lossless", "mean"), accepted_mean=("accepted_mean", "mean"), drafter_share=("drafter_share", "mean"),
-        seeds=("seconds", "size"),
+        lossless=("lossless", "mean"), lossy=("lossy", "max"), token_divergence=("token_divergence", "mean"),
+        accepted_mean=("accepted_mean", "mean"), drafter_share=("drafter_share", "mean"), seeds=("seconds", "size"),
     ).reset_index()
 
 
@@ -131,8 +180,8 @@ def performance_changes(table: pd.DataFrame, tolerances: Tolerances) -> list[Fin
 
 
 def find_regressions(new: Bundle, base: Bundle | None, tolerances: Tolerances) -> list[Finding]:
-    """Every regression of `new` (divergences need no baseline)."""
-    findings = divergences(new)
+    """Every regression of `new` (divergences and lossy methods' accuracy against draft-free need no baseline)."""
+    findings = divergences(new) + lossy_accuracy_drops(new, tolerances.accuracy_p)
     if base is None:
         return findings
     findings += accuracy_changes(new, base, tolerances.accuracy_p)[0]

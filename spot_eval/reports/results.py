@@ -26,7 +26,7 @@ FORMAT = "spot-eval-results/1"
 SAMPLE_FIELDS = (
     "task", "doc_id", "repeat", "request", "label", "method", "budget", "tokens", "forwards", "steps",
     "seconds", "target_seconds", "drafter_seconds", "accepted_lengths", "lossless", "divergence", "draft_nodes",
-    "mean_tree_size",
+    "mean_tree_size", "lossy", "token_divergence",
 )
 SETTINGS = ("target", "block_length", "gen_length")  # must agree for runs to share a table
 
@@ -200,7 +200,9 @@ def summarize(samples: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     """Per keys + label: sums over the requests, and ratios against draft-free on the same keys.
 
     throughput_ratio is draft-free seconds / method seconds (summed), forward_ratio likewise with
-    target forwards: the SPOT paper's definitions.
+    target forwards: the SPOT paper's definitions. lossy: the method differs from draft-free by design
+    (max-commit), so 1 - lossless is its divergence rate over requests and token_divergence (mean over
+    requests) over output positions, not a failure.
     """
     if samples.empty:
         return samples
@@ -208,11 +210,15 @@ def summarize(samples: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
                         verifies=samples["accepted_lengths"].map(len))
     if "draft_nodes" not in df.columns:  # runs written before budget=auto recorded no tree sizes
         df["draft_nodes"] = float("nan")
+    # Runs written before lossy methods existed: every method lossless, token divergence unmeasured.
+    df["lossy"] = df["lossy"].eq(True) if "lossy" in df.columns else False
+    if "token_divergence" not in df.columns:
+        df["token_divergence"] = float("nan")
     grouped = df.groupby([*keys, "label"], sort=False).agg(
         requests=("forwards", "size"), tokens=("tokens", "sum"), forwards=("forwards", "sum"),
         seconds=("seconds", "sum"), drafter_seconds=("drafter_seconds", "sum"),
-        lossless=("lossless", "mean"), accepted_mean=("accepted_mean", "mean"),
-        draft_nodes=("draft_nodes", lambda x: x.sum(min_count=1)), verifies=("verifies", "sum"),
+        lossless=("lossless", "mean"), lossy=("lossy", "max"), token_divergence=("token_divergence", "mean"),
+        accepted_mean=("accepted_mean", "mean"), draft_nodes=("draft_nodes", lambda x: x.sum(min_count=1)), verifies=("verifies", "sum"),
     ).reset_index()
     grouped["mean_tree_size"] = grouped.pop("draft_nodes") / grouped.pop("verifies").clip(lower=1)
     base = grouped[grouped["label"] == "draft_free"].set_index(keys)

@@ -14,6 +14,7 @@ float arithmetic, on the torch thread count.
 
 from __future__ import annotations
 
+import itertools
 import math
 import multiprocessing
 import os
@@ -27,19 +28,23 @@ from pathlib import Path
 import torch
 
 from spot import DecodeConfig, Sampling, generate
+from spot.drafters.set_model import Projection
 from spot.targets import BlockCausalTarget
 from spot_eval.checkpoints.fingerprint import target_fingerprint
 from spot_eval.checkpoints.target import encode_prompt, load_target
 from spot_eval.training.corpus import SOURCES, Pair, training_pairs
 from spot_eval.training.trajectories import (
+    PROJECTIONS,
     BlockRecord,
     CollectSettings,
     Manifest,
     ShardEntry,
     pack_shard,
     read_manifest,
+    read_projections,
     shard_file,
     write_manifest,
+    write_projections,
     write_shard,
 )
 
@@ -81,12 +86,18 @@ def collect(
     workers: int = 1,
     threads: int | None = None,
     cache: str | None = None,
+    hidden_dims: int = 0,
+    embedding_dims: int = 32,
 ) -> CollectResult:
+    """hidden_dims > 0 also records the hidden states behind every step, projected on a basis fitted on the
+    first shard's (what SPOT-Sets' set model reads; spot_eval.training.trajectories)."""
     t0 = time.perf_counter()
     if min(prompts, shard_size, topk, workers) < 1:
         raise ValueError(
             f"--prompts ({prompts}), --shard-size ({shard_size}), --topk ({topk}) and --workers ({workers}) must be >= 1"
         )
+    if hidden_dims < 0 or (hidden_dims and embedding_dims < 1):
+        raise ValueError(f"--hidden-dims ({hidden_dims}) must be >= 0 and --embedding-dims ({embedding_dims}) >= 1")
     if not temperatures:
         raise ValueError("--temperatures is empty; give at least one, e.g. 0,1")
     for t in temperatures:  # validates each temperature and the policy before any weights load
@@ -97,7 +108,8 @@ def collect(
     model = load_target(target, block_length, device, dtype=dtype, cache=cache)
     if chat and not getattr(model.tokenizer, "chat_template", None):
         raise ValueError(f"the tokenizer of {target} has no chat template; pass --no-chat to decode the raw prompts")
-    settings = CollectSettings(gen_length, topk, seed, tuple(temperatures), chat, shard_size, threshold, tuple(sources))
+    settings = CollectSettings(gen_length, topk, seed, tuple(temperatures), chat, shard_size, threshold, tuple(sources),
+                               hidden_dims, embedding_dims if hidden_dims else 0)
     manifest = Manifest(target_fingerprint(model, policy), settings, model.mask_id, model.vocab_size, ())
     out = Path(out)
     if (out / "manifest.json").is_file():
@@ -123,11 +135,14 @@ def collect(
         return entry is not None and (entry.first, entry.count) == (first, count) and (out / entry.file).is_file()
 
     todo = [shard for shard in shards if not finished(*shard)]
+    skipped_shards = len(shards) - len(todo)
     decoder = ShardDecoder(plan(prompts, seed, len(pairs)), pairs, settings, policy)
     decoded = written = skipped_prompts = 0
-    for index, first, count, shard, seconds in _decode_shards(
-        todo, decoder, model, target, block_length, device, dtype, cache, workers, threads
-    ):
+    here: list = []
+    if hidden_dims:
+        decoder, here, todo = _with_projections(out, model, decoder, todo)
+    decoded_shards = _decode_shards(todo, decoder, model, target, block_length, device, dtype, cache, workers, threads)
+    for index, first, count, shard, seconds in itertools.chain(here, decoded_shards):
         decoded += shard.requests
         skipped_prompts += shard.skipped_prompts
         name = shard_file(index)
@@ -140,7 +155,6 @@ def collect(
         written += 1
         if progress is not None:
             progress(f"{name}: {shard.requests} requests, {len(shard.records)} blocks, {steps} steps in {seconds:.1f} s")
-    skipped_shards = len(shards) - len(todo)
     return CollectResult(str(out), decoded, written, skipped_shards, skipped_prompts, time.perf_counter() - t0)
 
 
@@ -161,6 +175,8 @@ class ShardDecoder:
     pairs: list[Pair]
     settings: CollectSettings
     policy: str
+    hidden: Projection | None = None  # records the hidden states projected on it (settings.hidden_dims)
+    raw_hidden: bool = False  # records them unprojected (to fit the projection on)
 
     def __call__(self, model: BlockCausalTarget, first: int, count: int) -> DecodedShard:
         s, k = self.settings, model.block_length
@@ -181,12 +197,41 @@ class ShardDecoder:
                 sampling=Sampling(temperature=temperature),
                 seed=s.seed,
             )
-            result = generate(model, ids, config, request=request, record=True, record_topk=s.topk)
+            hidden = self.raw_hidden or self.hidden is not None
+            result = generate(model, ids, config, request=request, record=True, record_topk=s.topk, record_hidden=hidden)
             records += [
-                BlockRecord(request, t.block, temperature, t.states, t.topk_logprobs, t.topk_ids) for t in result.trajectory
+                BlockRecord(request, t.block, temperature, t.states, t.topk_logprobs, t.topk_ids,
+                            t.hidden if self.raw_hidden else None if self.hidden is None else self.hidden(t.hidden).half())
+                for t in result.trajectory
             ]
             requests += 1
         return DecodedShard(records, requests, skipped)
+
+
+FIT_ROWS = 50_000  # hidden-state rows the projection is fitted on at most (a seeded sample; 50 MB at d = 256)
+
+
+def _with_projections(out: Path, model, decoder: ShardDecoder, todo: list) -> tuple[ShardDecoder, list, list]:
+    """(the decoder that records projected hidden states, shards decoded here, shards left to decode).
+    Without projections.pt yet, shard 0 is decoded first, unprojected; the projections are fitted on its
+    hidden states and on the target's embeddings and written, and shard 0 is then projected like the rest."""
+    s = decoder.settings
+    if (out / PROJECTIONS).is_file():
+        return replace(decoder, hidden=Projection.from_dict(read_projections(out)["hidden"])), [], todo
+    if not todo or todo[0][0] != 0:
+        raise ValueError(f"{out} has shards but no {PROJECTIONS}: delete the directory and collect again")
+    index, first, count = todo[0]
+    t0 = time.perf_counter()
+    pilot = replace(decoder, raw_hidden=True)(model, first, count)
+    rows = torch.cat([r.hidden.reshape(-1, r.hidden.shape[-1]) for r in pilot.records]).float()  # [N, d]
+    if rows.shape[0] > FIT_ROWS:
+        rows = rows[torch.randperm(rows.shape[0], generator=torch.Generator().manual_seed(s.seed))[:FIT_ROWS]]
+    hidden = Projection.fit(rows, s.hidden_dims)
+    embeddings = model.embeddings().detach().float().cpu()  # [V, d]
+    embedding = Projection.fit(embeddings, s.embedding_dims)
+    write_projections(out, {"hidden": hidden.to_dict(), "embedding": embedding.to_dict(), "token_coords": embedding(embeddings)})
+    shard = replace(pilot, records=[replace(r, hidden=hidden(r.hidden).half()) for r in pilot.records])
+    return replace(decoder, hidden=hidden), [(index, first, count, shard, time.perf_counter() - t0)], todo[1:]
 
 
 def _decode_shards(todo, decoder, model, target, block_length, device, dtype, cache, workers, threads):

@@ -5,9 +5,10 @@ and write it with its target's fingerprint and threshold. The metrics are measur
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from spot.drafters.order_examples import RecordedBlock
 from spot.drafters.sets import evaluate_sets, fit_stale_sets
 from spot_eval.checkpoints.fingerprint import check_fingerprint
 from spot_eval.checkpoints.set_predictor import write_set_predictor
@@ -16,7 +17,17 @@ from spot_eval.training.trajectories import read_blocks, read_manifest
 POLICIES = ("threshold", "dynamic")  # the policies that commit sets
 
 
-def fit_sets_command(trajectories: Sequence[str | Path], out: str | Path, depths: int = 4) -> dict:
+@dataclass(frozen=True)
+class ThresholdData:
+    """Threshold trajectories of one target, block length and threshold, from one or more directories."""
+
+    fingerprint: dict
+    threshold: float
+    blocks: list[RecordedBlock]
+
+
+def threshold_data(trajectories: Sequence[str | Path]) -> ThresholdData:
+    """Every block of the directories, checked to come from one target, block length, set policy and threshold."""
     manifests = [read_manifest(d) for d in trajectories]
     fingerprint, threshold = manifests[0].fingerprint, manifests[0].settings.threshold
     policy = fingerprint.get("policy")
@@ -28,7 +39,12 @@ def fit_sets_command(trajectories: Sequence[str | Path], out: str | Path, depths
                           fix="pass directories of one target, block length and policy")
         if manifest.settings.threshold != threshold:
             raise ValueError(f"{directory} was recorded at threshold {manifest.settings.threshold}, {trajectories[0]} at {threshold}")
-    blocks = [b for d in trajectories for b in read_blocks(d, policy)]
+    return ThresholdData(fingerprint, threshold, [b for d in trajectories for b in read_blocks(d, policy)])
+
+
+def fit_sets_command(trajectories: Sequence[str | Path], out: str | Path, depths: int = 4) -> dict:
+    data = threshold_data(trajectories)
+    fingerprint, threshold, blocks = data.fingerprint, data.threshold, data.blocks
     held = set(sorted({b.request for b in blocks})[1::2])
     train = [b for b in blocks if b.request not in held]
     heldout = [b for b in blocks if b.request in held]

@@ -11,6 +11,8 @@ every block of every request concatenated along the step axis:
     states [sum(S_b + 1), K]      int16 when the vocabulary fits, else int32
     topk_logprobs [sum(S_b), K, k] float16 (log-softmax of the logits behind each step)
     topk_ids [sum(S_b), K, k]     int16 / int32
+    hidden [sum(S_b), K, R]       float16, with --hidden-dims R: the hidden states behind each step,
+                                  projected on `projections.pt`'s hidden basis
 
 A shard is finished when its file exists and the manifest lists it; both are written through a
 temp file and a rename, so a crash never leaves a half shard that a rerun would trust.
@@ -18,6 +20,11 @@ temp file and a rename, so a crash never leaves a half shard that a rerun would 
 The manifest records the target fingerprint (`spot_eval.checkpoints.fingerprint.target_fingerprint`: tokenizer
 and weights digests, block length, policy) and the settings that fix the recorded data; a rerun
 with any of them changed refuses to mix data in the same directory.
+
+With hidden states, `projections.pt` holds what SPOT-Sets' set model reads them and the tokens through
+(spot.drafters.set_model.Projection, fitted on this target): {"hidden": the hidden-state basis, fitted on
+the first shard's hidden states before it is written; "embedding": the token-embedding basis;
+"token_coords": [V, R_e] every token's projected embedding}.
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ from spot_eval.checkpoints.fingerprint import fingerprint_mismatch
 
 FORMAT = "spot-trajectories/1"
 MANIFEST = "manifest.json"
+PROJECTIONS = "projections.pt"
 
 
 @dataclass(frozen=True)
@@ -48,6 +56,8 @@ class CollectSettings:
     shard_size: int
     threshold: float  # used by policy "threshold" only
     sources: tuple[str, ...]
+    hidden_dims: int = 0  # hidden-state components recorded per step (0: none)
+    embedding_dims: int = 0  # token-embedding components in projections.pt (with hidden_dims)
 
 
 @dataclass(frozen=True)
@@ -99,6 +109,22 @@ def _atomic_write(path: Path, write) -> None:
     os.replace(tmp, path)
 
 
+def write_projections(directory: Path, projections: dict) -> None:
+    _atomic_write(directory / PROJECTIONS, lambda tmp: torch.save(projections, tmp))
+
+
+def read_projections(directory: str | Path) -> dict:
+    """projections.pt's dict (module docstring), checked to hold its three entries."""
+    path = Path(directory) / PROJECTIONS
+    if not path.is_file():
+        raise FileNotFoundError(f"{directory} holds no {PROJECTIONS}: collect with --hidden-dims R for a set model")
+    try:
+        raw = torch.load(path, weights_only=True, map_location="cpu")
+        return {"hidden": raw["hidden"], "embedding": raw["embedding"], "token_coords": raw["token_coords"].float()}
+    except Exception as err:  # torch.load raises many kinds for a damaged file
+        raise ValueError(f"{path} is corrupt ({type(err).__name__}: {err}); delete the directory and collect again") from None
+
+
 def write_manifest(directory: Path, manifest: Manifest) -> None:
     _atomic_write(directory / MANIFEST, lambda tmp: tmp.write_text(manifest.to_json()))
 
@@ -133,6 +159,7 @@ class BlockRecord:
     states: torch.Tensor
     topk_logprobs: torch.Tensor
     topk_ids: torch.Tensor
+    hidden: torch.Tensor | None = None  # [S, K, R] projected hidden states
 
 
 def pack_shard(records: list[BlockRecord], vocab_size: int, block_length: int, topk: int) -> dict[str, torch.Tensor]:
@@ -142,7 +169,9 @@ def pack_shard(records: list[BlockRecord], vocab_size: int, block_length: int, t
     def cat(tensors: list[torch.Tensor], empty: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         return (torch.cat(tensors) if tensors else torch.empty(empty)).to(dtype)
 
-    return {
+    hidden = [r.hidden for r in records if r.hidden is not None]
+    extra = {"hidden": torch.cat(hidden).to(torch.float16)} if hidden else {}
+    return extra | {
         "block_request": torch.tensor([r.request for r in records], dtype=torch.int64),
         "block_index": torch.tensor([r.block for r in records], dtype=torch.int64),
         "block_temperature": torch.tensor([r.temperature for r in records], dtype=torch.float32),
@@ -171,6 +200,7 @@ def unpack_shard(shard: dict[str, torch.Tensor], mask_id: int, seed: int) -> lis
                 request=int(shard["block_request"][i]),
                 block=int(shard["block_index"][i]),
                 temperature=float(shard["block_temperature"][i]),
+                hidden=shard["hidden"][step : step + n] if "hidden" in shard else None,
             )
         )
         step, row = step + n, row + n + 1
