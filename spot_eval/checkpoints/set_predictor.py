@@ -13,7 +13,6 @@ from pathlib import Path
 
 from spot.drafters.sets import StaleSets
 from spot_eval.checkpoints.fingerprint import check_fingerprint, target_fingerprint
-from spot_eval.checkpoints.shipped import shipped_drafter
 
 FORMAT = "spot-sets-stale/1"
 
@@ -50,10 +49,9 @@ def load_set_predictor(path: str | Path) -> SetPredictorFile:
         raise ValueError(f"{path} is not a valid set predictor ({err}); fit one with spot-eval fit-sets") from None
 
 
-def set_predictor_for_target(model, policy: str, threshold: float, path: str | Path | None = None) -> StaleSets:
-    """The predictor (default: the shipped one for the model's block length), checked to belong to this
-    target, block length and policy, and to have been fitted at this threshold."""
-    path = shipped_drafter("sets", model.block_length) if path is None else Path(path)
+def set_predictor_for_target(model, policy: str, threshold: float, path: str | Path) -> StaleSets:
+    """The predictor of `path`, checked to belong to this target, block length and policy, and to have been
+    fitted at this threshold."""
     loaded = load_set_predictor(path)
     fix = "fit one for this target (spot-eval collect --policy threshold --threshold TAU, then spot-eval fit-sets)"
     check_fingerprint(loaded.fingerprint, target_fingerprint(model, policy), what=f"set predictor {path} was fitted", fix=fix)
