@@ -151,7 +151,11 @@ def depth_noise(ids: torch.Tensor, ctx, temperature: float) -> torch.Tensor | No
 def depth_predictions(lp: torch.Tensor, ids: torch.Tensor, ctx, temperature: float) -> list[Prediction]:
     """The Prediction of every depth `depth_noise` covers (one at T = 0, where the ranking has no noise),
     ranked under that step's noise (the verifier's coupled draw). lp, ids: [K, k]."""
-    noise = depth_noise(ids, ctx, temperature)
+    return predictions_under(lp, ids, depth_noise(ids, ctx, temperature), temperature)
+
+
+def predictions_under(lp: torch.Tensor, ids: torch.Tensor, noise: torch.Tensor | None, temperature: float) -> list[Prediction]:
+    """depth_predictions for noise already drawn ([D, K, k], or None at T = 0)."""
     if noise is None:
         return [predict(lp, ids, temperature, None)]
     depths = noise.shape[0]

@@ -36,7 +36,7 @@ import torch
 
 from spot.drafters.base import DraftContext
 from spot.drafters.order_examples import RecordedBlock
-from spot.drafters.order_model import Prediction, Prior, depth_noise, depth_predictions
+from spot.drafters.order_model import Prediction, Prior, depth_noise, predictions_under
 from spot.policy import topk_logprobs
 from spot.tree import DraftTree, Frontier, SetEdge, grow_best_first
 
@@ -266,7 +266,7 @@ class SetsDrafter:
             prior_lp, prior_ids = topk_logprobs(ctx.prior_logits, 1, ctx.mask_id)
             prior = Prior(prior_lp[:, 0].to(device), prior_ids[:, 0].to(device), torch.tensor(True, device=device))
         hidden = None if ctx.stale_hidden is None else ctx.stale_hidden.to(device)
-        stale = Stale(lp, ids, noise, depth_predictions(lp, ids, ctx, temperature), prior, hidden,
+        stale = Stale(lp, ids, noise, predictions_under(lp, ids, noise, temperature), prior, hidden,
                       (ctx.state == ctx.mask_id).to(device), temperature, ctx.config.threshold)
         # node id -> [K] its masked positions; the root's parent (-1) is the state of the stale logits, so
         # what the step into a node committed is where its parent was masked and it is not
