@@ -14,6 +14,7 @@ from conftest import write_checkpoint
 from spot import DecodeConfig, Sampling, generate
 from spot.drafters.order_examples import example_index, make_examples
 from spot.drafters.order_model import predict, step_noise_at_topk
+from spot_eval.checkpoints.atomic_file import write_atomically
 from spot_eval.checkpoints.drafter import load_checkpoint
 from spot_eval.checkpoints.fingerprint import check_fingerprint, target_fingerprint
 from spot_eval.checkpoints.target import encode_prompt, load_target
@@ -203,3 +204,16 @@ def test_cli_bad_input_is_one_clear_line(checkpoint, tmp_path, capsys, args, mes
     with pytest.raises(SystemExit) as exit_:
         main(["collect", "--target", str(checkpoint), "--out", str(tmp_path / "x"), "--prompts", "2", *args])
     assert exit_.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_an_interrupted_write_keeps_the_old_file_and_leaves_no_temporary(tmp_path):
+    path = tmp_path / "new" / "graph.json"
+    write_atomically(path, lambda tmp: tmp.write_text("whole"))
+
+    def interrupted(tmp):
+        tmp.write_text("half")
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        write_atomically(path, interrupted)
+    assert path.read_text() == "whole" and [p.name for p in path.parent.iterdir()] == ["graph.json"]

@@ -186,8 +186,19 @@ class LearnedSets:
         inputs = set_inputs(self.model.config, lp, ids, prediction, masked, stale.root_masked & ~masked, last, stale.prior,
                             self.token_coords, self.hidden(stale.hidden))
         inclusion, scores = self.model(inputs, lp)  # [B, K], [B, K, k]
-        if stale.noise is not None:  # the verifier's coupled draw, on the model's expected fresh log-probabilities
-            steps = torch.tensor([min(d, stale.noise.shape[0] - 1) for d in depths], device=self.device)
-            scores = scores.double() / stale.temperature + stale.noise[steps]
-        tokens = ids.gather(-1, scores.argmax(-1, keepdim=True))[..., 0]  # [B, K]
+        noise = None
+        if stale.noise is not None:
+            noise = stale.noise[torch.tensor([min(d, stale.noise.shape[0] - 1) for d in depths], device=self.device)]
+        tokens = draw_tokens(scores, ids, stale.temperature, noise)  # [B, K]
         return torch.sigmoid(inclusion.double()).masked_fill(~masked, 0.0), tokens
+
+
+def draw_tokens(scores: torch.Tensor, ids: torch.Tensor, temperature: float | torch.Tensor, noise: torch.Tensor | None) -> torch.Tensor:
+    """[..., K] the tokens the model's scores [..., K, k] draw over `ids` [..., K, k]: the verifier's coupled
+    Gumbel-max under `noise` [..., K, k] (None or T = 0: argmax), on the model's expected fresh log-probabilities.
+    `temperature`: one, or one per row broadcastable to [..., 1, 1] (training batches mix T = 0 and T > 0)."""
+    ranking = scores.double()
+    if noise is not None:
+        t = torch.as_tensor(temperature, dtype=torch.float64, device=scores.device)
+        ranking = torch.where(t > 0, ranking / t.clamp_min(1e-9) + noise, ranking)
+    return ids.gather(-1, ranking.argmax(-1, keepdim=True))[..., 0]

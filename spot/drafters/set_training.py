@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from spot.drafters.order_examples import RecordedBlock, example_index
 from spot.drafters.order_model import parameter_count, predict, step_noise_at_topk
 from spot.drafters.order_training import Progress, optimize, split_by_request
-from spot.drafters.set_model import SetInputs, SetModel, SetModelConfig, set_inputs
+from spot.drafters.set_model import SetInputs, SetModel, SetModelConfig, draw_tokens, set_inputs
 from spot.drafters.sets import leader
 
 
@@ -129,9 +129,8 @@ def build_set_batch(blocks: Sequence[RecordedBlock], triples: torch.Tensor, conf
 
 def model_tokens(scores: torch.Tensor, batch: SetBatch) -> torch.Tensor:
     """[B, K] the tokens the model's scores draw: Gumbel-max under the node step's noise (T > 0) or argmax."""
-    t = batch.temperature.to(scores.device)[:, None, None].double()
-    ranking = torch.where(t > 0, scores.double() / t.clamp_min(1e-9) + batch.noise.to(scores.device), scores.double())
-    return batch.ids.to(scores.device).gather(-1, ranking.argmax(-1, keepdim=True))[..., 0]
+    return draw_tokens(scores, batch.ids.to(scores.device), batch.temperature.to(scores.device)[:, None, None],
+                       batch.noise.to(scores.device))
 
 
 def losses(model: SetModel, batch: SetBatch, device: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:

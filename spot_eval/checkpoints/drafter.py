@@ -20,7 +20,6 @@ fingerprint (spot_eval/checkpoints/fingerprint.py) says which target the drafter
 from __future__ import annotations
 
 import hashlib
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +29,7 @@ import torch
 from spot.drafters.order_model import OrderModel, OrderModelConfig
 from spot.drafters.reach import ReachCalibration
 from spot.drafters.stale import StaleOrder
+from spot_eval.checkpoints.atomic_file import write_atomically
 from spot_eval.checkpoints.fingerprint import IDENTITY
 
 FORMAT = "spot-order-model/3"
@@ -75,8 +75,6 @@ def save_checkpoint(
     stale: StaleOrder | None = None,
 ) -> None:
     """Write atomically (temp file + rename): an interrupted save never leaves a half checkpoint."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
     payload = {
         "format": FORMAT,
@@ -89,9 +87,7 @@ def save_checkpoint(
         "reach": None if reach is None else reach.to_dict(),
         "stale": None if stale is None else stale.to_dict(),
     }
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(payload, tmp)
-    os.replace(tmp, path)
+    write_atomically(path, lambda tmp: torch.save(payload, tmp))
 
 
 def load_checkpoint(path: str | Path) -> DrafterCheckpoint:

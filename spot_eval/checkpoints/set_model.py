@@ -14,13 +14,13 @@ projections on the new target and continues training.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from spot.drafters.set_model import LearnedSets, Projection, SetModel, SetModelConfig
+from spot_eval.checkpoints.atomic_file import write_atomically
 from spot_eval.checkpoints.drafter import state_sha256
 from spot_eval.checkpoints.fingerprint import IDENTITY, check_fingerprint, target_fingerprint
 
@@ -51,16 +51,12 @@ def _digest(state: dict[str, torch.Tensor], projections: dict[str, dict[str, tor
 def save_set_model(path: str | Path, model: SetModel, hidden: Projection, embedding: Projection, fingerprint: dict,
                    threshold: float, metrics: dict) -> None:
     """Write atomically (temp file + rename)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
     projections = {"hidden": hidden.to_dict(), "embedding": embedding.to_dict()}
     payload = {"format": FORMAT, "state_dict": state, "projections": projections, "sha256": _digest(state, projections),
                "config": model.config.to_dict(), "fingerprint": dict(fingerprint), "threshold": float(threshold),
                "metrics": metrics}
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(payload, tmp)
-    os.replace(tmp, path)
+    write_atomically(path, lambda tmp: torch.save(payload, tmp))
 
 
 def load_set_model(path: str | Path) -> SetModelFile:

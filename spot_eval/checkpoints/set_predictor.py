@@ -7,11 +7,11 @@
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from spot.drafters.sets import StaleSets
+from spot_eval.checkpoints.atomic_file import write_atomically
 from spot_eval.checkpoints.fingerprint import check_fingerprint, target_fingerprint
 
 FORMAT = "spot-sets-stale/1"
@@ -28,12 +28,8 @@ class SetPredictorFile:
 
 def write_set_predictor(path: str | Path, fingerprint: dict, threshold: float, predictor: StaleSets, fit: dict) -> None:
     """Write atomically (temp file + rename)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
     raw = {"format": FORMAT, "fingerprint": fingerprint, "threshold": threshold, "predictor": predictor.to_dict(), "fit": fit}
-    tmp.write_text(json.dumps(raw, indent=1) + "\n")
-    os.replace(tmp, path)
+    write_atomically(path, lambda tmp: tmp.write_text(json.dumps(raw, indent=1) + "\n"))
 
 
 def load_set_predictor(path: str | Path) -> SetPredictorFile:

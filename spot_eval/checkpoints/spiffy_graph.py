@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 from spot.drafters.spiffy import SpiffyGraph, graph_to_dict, load_graph
 from spot.targets import BlockCausalTarget
+from spot_eval.checkpoints.atomic_file import write_atomically
 from spot_eval.checkpoints.fingerprint import check_fingerprint, target_fingerprint
-from spot_eval.checkpoints.shipped import shipped_drafter
 
 
 def graph_json(graph: SpiffyGraph) -> str:
@@ -22,17 +21,13 @@ def graph_json(graph: SpiffyGraph) -> str:
 
 def write_graph(path: str | Path, graph: SpiffyGraph) -> None:
     """Write atomically (temp file + rename): an interrupted run never leaves half a graph."""
+    write_atomically(path, lambda tmp: tmp.write_text(graph_json(graph)))
+
+
+def graph_for_target(model: BlockCausalTarget, policy: str, path: str | Path) -> SpiffyGraph:
+    """Load the graph at `path` (spot_eval.harness.methods.drafter_file finds the shipped one) and check that it
+    was calibrated for this target, block length and policy."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(graph_json(graph))
-    os.replace(tmp, path)
-
-
-def graph_for_target(model: BlockCausalTarget, policy: str, path: str | Path | None = None) -> SpiffyGraph:
-    """Load a graph (default: the shipped one for the model's block length) and check that it was
-    calibrated for this target, block length and policy."""
-    path = shipped_drafter("spiffy", model.block_length) if path is None else Path(path)
     graph = load_graph(path, model.block_length)
     check_fingerprint(
         graph.target, target_fingerprint(model, policy), what=f"Spiffy graph {path} was calibrated",

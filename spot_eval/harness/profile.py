@@ -27,6 +27,7 @@ from spot.config import DecodeConfig
 from spot.cost import measure_drafter, measure_verify, probe_contexts
 from spot.engine import DecodeStats
 from spot.sizing import DraftMode, Sizing, VerifyCost, refit
+from spot_eval.checkpoints.atomic_file import write_atomically
 from spot_eval.checkpoints.fingerprint import weights_digest
 
 VERSION = 2  # bump when the probe changes what it measures (2: timed between the steps decoding runs)
@@ -108,10 +109,7 @@ def verify_profile(target, remeasure: bool = False) -> Profile:
     verify = measure_verify(target, probe_contexts(target))
     profile = Profile(key, verify, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), time.perf_counter() - started)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(profile.to_dict(), indent=1))
-        os.replace(tmp, path)
+        write_atomically(path, lambda tmp: tmp.write_text(json.dumps(profile.to_dict(), indent=1)))
     except OSError as err:  # an unwritable cache costs a re-measurement next time, nothing more
         log.warning("spot-eval: cannot cache the verify-cost profile in %s (%s)", path.parent, err)
     return profile

@@ -30,13 +30,13 @@ the first shard's hidden states before it is written; "embedding": the token-emb
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 
 from spot.drafters.order_examples import RecordedBlock
+from spot_eval.checkpoints.atomic_file import write_atomically
 from spot_eval.checkpoints.fingerprint import fingerprint_mismatch
 
 FORMAT = "spot-trajectories/1"
@@ -103,14 +103,8 @@ def shard_file(index: int) -> str:
     return f"shard-{index:05d}.pt"
 
 
-def _atomic_write(path: Path, write) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    write(tmp)
-    os.replace(tmp, path)
-
-
 def write_projections(directory: Path, projections: dict) -> None:
-    _atomic_write(directory / PROJECTIONS, lambda tmp: torch.save(projections, tmp))
+    write_atomically(directory / PROJECTIONS, lambda tmp: torch.save(projections, tmp))
 
 
 def read_projections(directory: str | Path) -> dict:
@@ -126,7 +120,7 @@ def read_projections(directory: str | Path) -> dict:
 
 
 def write_manifest(directory: Path, manifest: Manifest) -> None:
-    _atomic_write(directory / MANIFEST, lambda tmp: tmp.write_text(manifest.to_json()))
+    write_atomically(directory / MANIFEST, lambda tmp: tmp.write_text(manifest.to_json()))
 
 
 def read_manifest(directory: str | Path) -> Manifest:
@@ -183,7 +177,7 @@ def pack_shard(records: list[BlockRecord], vocab_size: int, block_length: int, t
 
 
 def write_shard(path: Path, shard: dict[str, torch.Tensor]) -> None:
-    _atomic_write(path, lambda tmp: torch.save(shard, tmp))
+    write_atomically(path, lambda tmp: torch.save(shard, tmp))
 
 
 def unpack_shard(shard: dict[str, torch.Tensor], mask_id: int, seed: int) -> list[RecordedBlock]:
