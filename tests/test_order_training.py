@@ -8,11 +8,12 @@ has something to learn. A small OrderModelConfig keeps every test to a few secon
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 import torch
 
-from spot.drafters.order_examples import RecordedBlock
+from spot.drafters.order_examples import RecordedBlock, example_index, make_examples, order_example_index
 from spot.drafters.order_model import SCALARS, OrderModel, OrderModelConfig
 from spot.drafters.order_training import (
     TrainConfig,
@@ -72,6 +73,22 @@ def test_examples_and_labels_follow_the_trajectory():
         assert torch.equal(candidates, block.states[s + d] == MASK)
     last = batch.feats[..., TOPK + SCALARS.index("last_commit")]
     assert torch.equal(last.argmax(-1), committed[triples[:, 1] + triples[:, 2] - 1]) and torch.equal(last.sum(-1), torch.ones(len(last)))
+
+
+def test_steps_of_several_commits_are_no_order_labels():
+    """A threshold-policy block: the order model learns only the steps that commit one position (a chain of single
+    commits can match no other), and needs a single commit before its label too (the last-commit feature)."""
+    block = synthetic_block(0, 0, drift=0.2)
+    merged = torch.cat([block.states[:3], block.states[4:]])  # step 2 commits two positions at once
+    threshold = replace(block, states=merged, topk_logprobs=torch.cat([block.topk_logprobs[:3], block.topk_logprobs[4:]]),
+                        topk_ids=torch.cat([block.topk_ids[:3], block.topk_ids[4:]]))
+    committed = threshold.committed_positions()
+    assert committed[2] == -1 and bool((committed[[0, 1, 3]] >= 0).all())
+    pairs = order_example_index(threshold, max_depth=3)
+    assert pairs == [(s, d) for s, d in example_index(threshold, 3) if 2 not in (s + d, s + d - 1)] and len(pairs) > 4
+    batch = make_examples(threshold, pairs, SMALL.buckets)
+    assert torch.equal(batch.labels, committed[[s + d for s, d in pairs]])
+    assert order_example_index(block, 3) == example_index(block, 3)  # a single-policy block keeps every pair
 
 
 def test_heuristic_baseline_is_exact_when_stale_equals_fresh():

@@ -54,11 +54,10 @@ class RecordedBlock:
         return predict(lp, ids, self.temperature, noise).probs[:, 0].double()
 
     def committed_positions(self) -> torch.Tensor:
-        """[S] the one position each step committed (the `single` policy)."""
+        """[S] the one position each step committed, -1 where a step committed several (a set policy's
+        step, which no single-commit node of SPOT's tree can match)."""
         changed = self.states[1:] != self.states[:-1]  # [S, K]
-        if not bool((changed.sum(-1) == 1).all()):
-            raise ValueError("this trajectory commits several positions in one step: it was not recorded with policy 'single'")
-        return changed.float().argmax(-1)
+        return changed.float().argmax(-1).masked_fill(changed.sum(-1) != 1, -1)
 
 
 @dataclass(frozen=True)
@@ -79,6 +78,14 @@ def example_index(block: RecordedBlock, max_depth: int) -> list[tuple[int, int]]
     """Every (s, d) with a stale distribution (s >= 1) and a recorded label (s + d < S)."""
     n_steps = block.states.shape[0] - 1
     return [(s, d) for s in range(1, n_steps) for d in range(min(max_depth, n_steps - s))]
+
+
+def order_example_index(block: RecordedBlock, max_depth: int) -> list[tuple[int, int]]:
+    """The (s, d) of `example_index` whose label (step s + d) and last commit (step s + d - 1) are single
+    commits: all of them under the `single` policy; under a set policy the order model learns the steps
+    that commit one position, the only ones a chain of single commits can match."""
+    single = (block.committed_positions() >= 0).tolist()
+    return [(s, d) for s, d in example_index(block, max_depth) if single[s + d] and single[s + d - 1]]
 
 
 def make_examples(block: RecordedBlock, pairs: list[tuple[int, int]], buckets: int) -> ExampleBatch:

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field, fields
 import torch
 import torch.nn.functional as F
 
-from spot.drafters.order_examples import ExampleBatch, RecordedBlock, example_index, make_examples
+from spot.drafters.order_examples import ExampleBatch, RecordedBlock, make_examples, order_example_index
 from spot.drafters.order_model import SCALARS, OrderModel, OrderModelConfig, parameter_count
 
 
@@ -133,7 +133,7 @@ def split_by_request(
 
 def example_triples(blocks: Sequence[RecordedBlock], max_depth: int) -> torch.Tensor:
     """[E, 3] int64 rows (block index, root step s, depth d)."""
-    rows = [(i, s, d) for i, block in enumerate(blocks) for s, d in example_index(block, max_depth)]
+    rows = [(i, s, d) for i, block in enumerate(blocks) for s, d in order_example_index(block, max_depth)]
     return torch.tensor(rows, dtype=torch.int64).reshape(-1, 3)
 
 
@@ -228,7 +228,7 @@ def evaluate(model: OrderModel, blocks: Sequence[RecordedBlock], max_depth: int,
     by_temperature: dict[float, list[int]] = {}  # temperature -> [examples, model hits, heuristic hits]
     loss_sum = 0.0
     for block in blocks:
-        pairs = example_index(block, max_depth)
+        pairs = order_example_index(block, max_depth)
         if not pairs:
             continue
         batch = build_batch([block], torch.tensor([(0, s, d) for s, d in pairs]), model.config.buckets)

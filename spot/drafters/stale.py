@@ -69,6 +69,8 @@ def fit_temperature(blocks: Sequence[RecordedBlock], temperatures: Sequence[floa
     for block in blocks:
         positions = block.committed_positions()
         for s in range(1, block.states.shape[0] - 1):
+            if positions[s] < 0:  # a set policy's step of several commits: no single position to predict
+                continue
             confidence = block.drawn_confidence(s - 1, s).clamp_min(1e-12)  # [K]
             log_conf.append(confidence.log().masked_fill(block.states[s] != block.mask_id, -math.inf))
             truth.append(int(positions[s]))

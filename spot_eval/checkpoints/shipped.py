@@ -14,19 +14,28 @@ ASSETS = Path(__file__).resolve().parent.parent / "assets"
 EMBEDDED_TARGET = ASSETS / "target"  # the small SDAR-architecture target this project trains and ships
 DRAFTERS = ASSETS / "drafters"
 
-# Drafter method -> (file stem, suffix); one file per block length, trained for the embedded target.
-# SPOT-Sets' default is the learned set model (sets_b32.pt); the stale set predictor (sets_b32.json) ships beside
-# it for `sets@8:PATH`.
-_DRAFTER_FILES = {"spot": ("spot", "pt"), "spot_gamma": ("spot", "pt"), "spiffy": ("spiffy", "json"), "sets": ("sets", "pt"),
-                  "sets_max": ("sets", "pt")}
+# Drafter method -> {policy: file name}, {k} the block length; one file per method, policy and block length, trained
+# for the embedded target. SPOT and Spiffy ship for the single policy and for the threshold policy (τ = 0.9); SPOT-Sets,
+# whose drafts are sets, for the threshold policy only. Its default is the learned set model (sets_b32.pt); the stale set
+# predictor (sets_b32.json) ships beside it for `sets@8:PATH`.
+_SPOT = {"single": "spot_b{k}.pt", "threshold": "spot_threshold_b{k}.pt"}
+_SETS = {"threshold": "sets_b{k}.pt"}
+_DRAFTER_FILES = {"spot": _SPOT, "spot_gamma": _SPOT, "spiffy": {"single": "spiffy_b{k}.json", "threshold": "spiffy_threshold_b{k}.json"},
+                  "sets": _SETS, "sets_max": _SETS}
 
 
-def shipped_drafter(method: str, block_length: int) -> Path:
-    """The shipped drafter file of `method` for `block_length` (it may not exist: see `exists()`).
+def shipped_drafter(method: str, block_length: int, policy: str = "single") -> Path | None:
+    """The shipped drafter file of `method` for `block_length` under `policy` (it may not exist: see `exists()`),
+    None when the method ships no file for that policy.
 
     SPOT and SPOT-gamma share one checkpoint (SPOT-gamma reads the fitted gamma stored in it); SPOT-Sets and its
     max-commit variant one set model."""
     if method not in _DRAFTER_FILES:
         raise ValueError(f"no drafter ships for method {method!r}; shipped methods: {', '.join(_DRAFTER_FILES)}")
-    stem, suffix = _DRAFTER_FILES[method]
-    return DRAFTERS / f"{stem}_b{block_length}.{suffix}"
+    name = _DRAFTER_FILES[method].get(policy)
+    return None if name is None else DRAFTERS / name.format(k=block_length)
+
+
+def shipped_policies(method: str) -> tuple[str, ...]:
+    """The policies `method` ships drafters for."""
+    return tuple(_DRAFTER_FILES[method])

@@ -72,7 +72,7 @@ def decode_prompt(
     )
     spec = None if method == DRAFT_FREE else MethodSpec(method, budget, drafter_path, auto)
     if spec is not None:
-        drafter_file(spec, config.block_length)
+        drafter_file(spec, config.block_length, config.policy)
         config = spec.config(config)  # a lossy method's acceptance rule, checked against the policy
     model = load_target(target, block_length, device, exact, dtype, cache)
     ids = encode_prompt(model, prompt, chat)

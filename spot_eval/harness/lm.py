@@ -132,7 +132,7 @@ class SpotLM(LM):
         if self.specs and not args.reference:
             raise ValueError("reference=False leaves nothing to compare the methods with; drop methods or keep reference")
         for spec in self.specs:
-            drafter_file(spec, block_length)
+            drafter_file(spec, block_length, self.config.policy)
             spec.config(self.config)  # a lossy method's acceptance rule is checked against the policy here
         settings.check_output_dir("output_dir", args.output_dir)
         if args.cache is not None and args.cache not in CACHES:

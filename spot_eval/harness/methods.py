@@ -19,7 +19,7 @@ from pathlib import Path
 
 from spot import DecodeConfig
 from spot.drafters import AdversarialDrafter, Drafter, OracleDrafter, RandomDrafter
-from spot_eval.checkpoints.shipped import shipped_drafter
+from spot_eval.checkpoints.shipped import shipped_drafter, shipped_policies
 from spot_eval.harness.settings import as_int
 
 LEARNED = ("spot", "spot_gamma", "spiffy", "sets", "sets_max")
@@ -105,18 +105,19 @@ _KINDS = {
 }
 
 
-def drafter_file(spec: MethodSpec, block_length: int) -> Path | None:
-    """The file a learned method reads (its own `path`, or the one shipped for `block_length`),
+def drafter_file(spec: MethodSpec, block_length: int, policy: str) -> Path | None:
+    """The file a learned method reads (its own `path`, or the one shipped for `block_length` and `policy`),
     checked to exist and to be of one of the method's kinds before anything loads; None for the reference drafters."""
     if spec.name not in _KINDS:
         return None
     kinds = _KINDS[spec.name]
-    path = Path(spec.path) if spec.path else shipped_drafter(spec.name, block_length)
-    if not path.is_file():
+    path = Path(spec.path) if spec.path else shipped_drafter(spec.name, block_length, policy)
+    if path is None or not path.is_file():
         if spec.path:
             raise FileNotFoundError(f"{spec.name} drafter file {path} does not exist")
         raise FileNotFoundError(
-            f"no {spec.name} drafter ships for block length {block_length}: train one for this target "
+            f"no {spec.name} drafter ships for block length {block_length} under policy {policy} (shipped policies: "
+            f"{', '.join(shipped_policies(spec.name))}): train one for this target "
             f"(spot-eval collect, then {' or '.join(command for *_, command in kinds)}) and pass it "
             f"(lm_eval: methods={spec.name}:PATH; spot-eval decode: --drafter PATH)"
         )
@@ -145,7 +146,7 @@ def build_drafter(spec: MethodSpec, target, policy: str, reference=None, thresho
         return OracleDrafter(reference.trajectory)
     if spec.name == "adversarial":
         return AdversarialDrafter(reference.trajectory, target.vocab_size)
-    path = drafter_file(spec, target.block_length)
+    path = drafter_file(spec, target.block_length, policy)
     if spec.name in ("sets", "sets_max"):  # sets_max: the same drafter under max-commit acceptance (MethodSpec.config)
         from spot.drafters.sets import SetsDrafter
         from spot_eval.checkpoints.set_model import set_model_for_target
