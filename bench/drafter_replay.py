@@ -8,7 +8,9 @@ calls per tree level), with the drafting seconds. Two bounds put the numbers in 
   order_oracle_top1   a chain along the target's true commit order whose tokens are what the
                       stale distribution predicts there (the top-1 under the step's noise, as the
                       drafter draws them): acceptance with a perfect order model and no token
-                      branching. It shows how far the stale tokens alone carry a tree.
+                      branching. It shows how far the stale tokens alone carry a tree. On threshold
+                      trajectories (a drafter trained with --policy threshold) each step is the
+                      target's committed set: SPOT-Sets' bound with perfect set prediction.
   budget_plus_one     the engine's ceiling, reached by the true-future oracle drafter (tests).
 
 Prints one JSON line (a table on stderr).
@@ -35,11 +37,11 @@ from spot_eval.training.fit_gamma import heldout_blocks
 
 
 def order_oracle_top1(blocks: list[RecordedBlock], budget: int) -> float:
-    """Commits per forward of the chain (true next positions, stale-predicted tokens) walk."""
+    """Commits per forward of the walk along the target's true commits (each step's one position, or under a
+    set policy its whole committed set: perfect set prediction) with the stale-predicted tokens."""
     steps = forwards = 0
     for block in blocks:
         n_steps = block.states.shape[0] - 1
-        positions = block.committed_positions()
         s = 0
         while s < n_steps:
             accepted = 1
@@ -47,10 +49,10 @@ def order_oracle_top1(blocks: list[RecordedBlock], budget: int) -> float:
                 lp, ids = block.topk_logprobs[s - 1].float(), block.topk_ids[s - 1].long()
                 while accepted <= budget and s + accepted <= n_steps - 1:
                     step = s + accepted - 1  # the chain's node at depth accepted - 1 commits this step
-                    p = int(positions[step])
+                    committed = block.states[step + 1] != block.states[step]  # [K] the step's position or set
                     noise = step_noise_at_topk(block.seed, block.request, block.block, step, ids) if block.temperature > 0 else None
-                    token = int(predict(lp, ids, block.temperature, noise).tokens[p, 0])
-                    if token != int(block.states[step + 1, p]):
+                    tokens = predict(lp, ids, block.temperature, noise).tokens[:, 0]  # [K]
+                    if not torch.equal(tokens[committed], block.states[step + 1, committed]):
                         break
                     accepted += 1
             s += accepted

@@ -6,6 +6,11 @@ are of sums over the same prompts: forwards(draft-free) / forwards(method) and s
 / seconds(method). Each method's tokens are checked against draft-free (lossless must be 1.0), except a
 lossy method's (`sets_max@8`: max-commit, opt-in), which differ by design: for it 1 - lossless is the
 fraction of prompts whose output differs, and token_divergence the fraction of output positions.
+Under a set policy (`--unmasking threshold`) every prompt is also decoded by standard decoding (the
+single policy, draft-free) in the same rotation, and standard_forward_ratio / standard_throughput_ratio
+are each method's ratios against it, as the SPOT paper reports SPOT-Sets against standard decoding.
+`--sets-model-depths 1+all` runs each sets method once per number of tree levels its predictor scores
+(deeper nodes reuse their parent's set probabilities; spot.drafters.sets): what re-scoring buys.
 With several seeds the JSON gives mean and std over seeds. `spot@auto` sizes every tree by this
 machine's verify-cost profile (measured once, cached; spot_eval.harness.profile), refitted to the
 timings decoding measures after every prompt as `lm_eval --model spot` does, and the mean tree
@@ -28,6 +33,7 @@ import pandas as pd
 import torch
 
 from spot import DecodeConfig, Sampling, generate
+from spot.drafters.sets import SetsDrafter
 from spot_eval.checkpoints.shipped import EMBEDDED_TARGET
 from spot_eval.checkpoints.target import encode_prompt, load_target
 from spot_eval.data.datasets import load, mbpp_split
@@ -36,6 +42,7 @@ from spot_eval.harness.methods import build_drafter, parse_methods
 from spot_eval.harness.profile import Refitted, auto_sizing, verify_profile
 from spot_eval.reports.results import summarize
 
+STANDARD = "standard"  # the anchor's label: draft-free decoding under the single policy (one commit per forward)
 PROMPT_FIELDS = {"gsm8k_test": "question", "math500_test": "problem", "humaneval_test": "prompt"}
 
 
@@ -46,21 +53,41 @@ def prompts_for(task: str, n: int) -> list[str]:
     return [row[PROMPT_FIELDS[name]] for row in load(name)[:n]]
 
 
-def run_seed(target, prompts: list[list[int]], config: DecodeConfig, specs, seed: int) -> pd.DataFrame:
+def build_drafters(target, config: DecodeConfig, specs, sets_model_depths: list[int | None]) -> dict:
+    """label -> (spec, drafter); a sets spec once per model depth (labelled `sets@8/d1`, `sets@8/dall`) when
+    `sets_model_depths` holds more than the default (every level scored)."""
+    drafters = {}
+    for spec in specs:
+        drafter = build_drafter(spec, target, config.policy, threshold=config.threshold)
+        if isinstance(drafter, SetsDrafter) and sets_model_depths != [None]:
+            for depth in sets_model_depths:
+                drafters[f"{spec.label}/d{depth or 'all'}"] = spec, SetsDrafter(drafter.predictor, drafter.name, depth)
+        else:
+            drafters[spec.label] = spec, drafter
+    return drafters
+
+
+def run_seed(target, prompts: list[list[int]], config: DecodeConfig, specs, seed: int, anchor: bool,
+             sets_model_depths: list[int | None]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The methods' rows, and the standard-decoding anchor's (`anchor`: the single policy, draft-free)."""
     config = replace(config, seed=seed)
-    drafters = {s.label: build_drafter(s, target, config.policy, threshold=config.threshold) for s in specs}
+    entries = build_drafters(target, config, specs, sets_model_depths)
+    drafters = {label: drafter for label, (_, drafter) in entries.items()}
     profile = verify_profile(target) if any(s.auto for s in specs) else None
-    sizings = {s.label: Refitted(auto_sizing(target, drafters[s.label], s.config(config), profile))
-               for s in specs if s.auto}  # refitted to decoding's timings after every prompt, as lm_eval runs it
-    lossy = {s.label for s in specs if s.lossy}
-    rows = []
+    sizings = {label: Refitted(auto_sizing(target, drafter, spec.config(config), profile))
+               for label, (spec, drafter) in entries.items() if spec.auto}  # refitted after every prompt, as lm_eval runs it
+    lossy = {label for label, (spec, _) in entries.items() if spec.lossy}
+    rows, anchor_rows = [], []
     for i, ids in enumerate(prompts):
-        labels = ["draft_free", *drafters]
+        labels = ["draft_free", *drafters, *([STANDARD] if anchor else [])]
         labels = labels[i % len(labels) :] + labels[: i % len(labels)]
         results = {}
         for label in labels:
-            spec = next((s for s in specs if s.label == label), None)
-            cfg = config if spec is None else spec.config(config)
+            if label == STANDARD:
+                g = generate(target, ids, replace(config, policy="single"), request=i)
+                anchor_rows.append({"seed": seed, "prompt": i, "forwards": g.stats.forwards, "seconds": g.stats.seconds})
+                continue
+            cfg = config if label == "draft_free" else entries[label][0].config(config)
             auto = sizings.get(label)
             results[label] = generate(target, ids, cfg, drafter=drafters.get(label), request=i, sizing=auto and auto.sizing)
             if auto:
@@ -74,7 +101,7 @@ def run_seed(target, prompts: list[list[int]], config: DecodeConfig, specs, seed
                 "lossless": g.token_ids == reference, "token_divergence": token_divergence(g.token_ids, reference),
                 "lossy": label in lossy,
             })
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows), pd.DataFrame(anchor_rows, columns=["seed", "prompt", "forwards", "seconds"])
 
 
 def main() -> None:
@@ -89,6 +116,8 @@ def main() -> None:
     parser.add_argument("--methods", default="spot@8+spot@20+spiffy@3+spiffy@10")
     parser.add_argument("--unmasking", default="single")
     parser.add_argument("--threshold", type=float, default=0.9, help="the threshold and dynamic policies' tau")
+    parser.add_argument("--sets-model-depths", default="all",
+                        help="tree levels the set drafter scores, e.g. 1+2+all: each sets method once per depth (what re-scoring buys)")
     parser.add_argument("--cross-block", action="store_true", help="let the forward that finishes a block take the next block's first step")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
@@ -103,16 +132,26 @@ def main() -> None:
     specs = parse_methods(args.methods, "")
     generate(target, prompts[0], replace(config, gen_length=args.block))  # warm-up
     seeds = [int(s) for s in args.seeds.split("+")]
-    df = pd.concat([run_seed(target, prompts, config, specs, seed) for seed in seeds])
-    sums = summarize(df, ["seed"])
+    anchor = args.unmasking != "single"  # under single, draft-free decoding is the standard decoder itself
+    depths = [None if d == "all" else int(d) for d in args.sets_model_depths.split("+")]
+    runs = [run_seed(target, prompts, config, specs, seed, anchor, depths) for seed in seeds]
+    sums = summarize(pd.concat([rows for rows, _ in runs]), ["seed"])
+    if anchor:  # ratios against standard decoding: its sums over the same prompts / the method's
+        standard = pd.concat([a for _, a in runs]).groupby("seed")[["forwards", "seconds"]].sum()
+        sums["standard_forward_ratio"] = standard["forwards"].reindex(sums["seed"]).to_numpy() / sums["forwards"]
+        sums["standard_throughput_ratio"] = standard["seconds"].reindex(sums["seed"]).to_numpy() / sums["seconds"]
     columns = ["seed", "label", "forwards", "seconds", "forward_ratio", "throughput_ratio", "drafter_share", "accepted_mean",
                "mean_tree_size", "lossless", "lossy", "token_divergence"]
+    ratios = ("forward_ratio", "throughput_ratio", "tokens_per_forward", "drafter_share", "accepted_mean", "mean_tree_size",
+              "lossless", "token_divergence")
+    if anchor:
+        columns += ["standard_forward_ratio", "standard_throughput_ratio"]
+        ratios += ("standard_forward_ratio", "standard_throughput_ratio")
     print(sums[columns].to_string(index=False, float_format=lambda x: f"{x:.3f}"), file=sys.stderr)
     methods = {}
     for label, group in sums.groupby("label", sort=False):
         entry = {}
-        for column in ("forward_ratio", "throughput_ratio", "tokens_per_forward", "drafter_share", "accepted_mean",
-                       "mean_tree_size", "lossless", "token_divergence"):
+        for column in ratios:
             values = group[column].tolist()
             entry[column] = {"mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0}
         entry["forwards"] = int(group.forwards.sum())
@@ -122,6 +161,7 @@ def main() -> None:
         "bench": "speedup", "target": args.target, "task": args.task, "prompts": len(prompts), "block": args.block,
         "gen": args.gen, "temperature": args.temperature, "seeds": seeds, "unmasking": args.unmasking, "threshold": args.threshold, "cross_block": args.cross_block,
         "device": args.device, "methods": methods,
+        **({"standard": {"forwards": int(standard["forwards"].sum()), "seconds": float(standard["seconds"].sum())}} if anchor else {}),
     }))
 
 

@@ -86,6 +86,27 @@ def test_the_tree_holds_the_best_sets_of_the_stale_tokens():
     assert all(bool(((s == state) | (state == MASK)).all()) for s in tree.states)  # only masked positions change
 
 
+def test_model_depth_one_reuses_the_roots_probabilities_below_the_root():
+    k, vocab = 4, 12
+    logits = torch.zeros(k, vocab)
+    for p, (token, confidence) in enumerate([(3, 0.85), (4, 0.4), (5, 0.99)]):
+        logits[p, token] = math.log(10 * confidence / (1 - confidence))
+    state = torch.tensor([MASK, MASK, MASK, 2])
+    ctx = DraftContext(state, logits, state, None, DecodeConfig(policy="threshold", threshold=0.9, block_length=k), MASK,
+                       0, 0, 1, 8, lambda step: None)
+    root_only, per_depth = StaleSets(((5.0, 0.0, 0.0),)), StaleSets(((5.0, 0.0, 0.0), (-3.0, 2.0, -4.0)))
+
+    def tree(predictor, model_depth):
+        return [s.tolist() for s in SetsDrafter(predictor, model_depth=model_depth).draft(ctx).states]
+
+    # with e = 0 the root's pi over a node's masked positions is what re-scoring with the root's coefficients
+    # gives, so reusing them (model_depth 1) ignores the deeper coefficients; re-scoring every level reads them
+    assert tree(per_depth, 1) == tree(root_only, None) != tree(per_depth, None)
+    assert tree(root_only, 1) == tree(root_only, None) and len(tree(root_only, 1)) == 8  # the root and all 7 sets
+    with pytest.raises(ValueError, match="model_depth must be >= 1"):
+        SetsDrafter(root_only, model_depth=0)
+
+
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_set_trees_are_lossless_under_the_threshold_policy(temperature):
     target = tiny_target(16)
@@ -96,7 +117,8 @@ def test_set_trees_are_lossless_under_the_threshold_policy(temperature):
     blocks = [RecordedBlock(t.states, t.topk_logprobs, t.topk_ids, target.mask_id, 2, 0, t.block, temperature)
               for t in reference.trajectory]
     fitted = fit_stale_sets(blocks, config.threshold, depths=2)
-    drafters = [SetsDrafter(fitted), SetsDrafter(StaleSets(((-3.0, 2.0, -4.0),)), name="contrary"),
+    drafters = [SetsDrafter(fitted), SetsDrafter(fitted, name="root-scored", model_depth=1),
+                SetsDrafter(StaleSets(((-3.0, 2.0, -4.0),)), name="contrary"),
                 OracleDrafter(reference.trajectory), AdversarialDrafter(reference.trajectory, VOCAB)]
     for drafter in drafters:
         for budget in (1, 8, 20):

@@ -21,7 +21,10 @@ top-k tokens), or `StaleSets`, which reads the stale confidences alone:
 c_p the stale probability of the token the node's step would draw at p, d the node's depth (the last
 depth's coefficients serve every deeper one), fitted by likelihood on recorded threshold trajectories
 (`fit_stale_sets`). It is the heuristic baseline of SPOT-Sets, and its drafting costs no network call.
-The learned model scores every node of the tree (each level's nodes in one batched call).
+The learned model scores every node of the tree by default (each level's nodes in one batched call);
+with `model_depth` m only the first m levels, and a deeper node reuses its parent's pi over the positions
+still masked (as SPOT's model_depth reuses its order logits) with the stale draw of its own step's noise
+for tokens.
 """
 
 from __future__ import annotations
@@ -250,9 +253,13 @@ class SetPredictor(Protocol):
 class SetsDrafter:
     """SPOT-Sets' drafter over a set predictor (the module docstring)."""
 
-    def __init__(self, predictor: SetPredictor, name: str = "sets") -> None:
+    def __init__(self, predictor: SetPredictor, name: str = "sets", model_depth: int | None = None) -> None:
+        """model_depth: tree levels the predictor scores (None: every level; see the module docstring)."""
+        if model_depth is not None and model_depth < 1:
+            raise ValueError(f"model_depth must be >= 1 (the root needs the predictor) or None, got {model_depth}")
         self.predictor = predictor
         self.name = name
+        self.model_depth = model_depth
 
     @torch.inference_mode()
     def draft(self, ctx: DraftContext) -> DraftTree:
@@ -271,12 +278,20 @@ class SetsDrafter:
         # node id -> [K] its masked positions; the root's parent (-1) is the state of the stale logits, so
         # what the step into a node committed is where its parent was masked and it is not
         masked_at = {-1: stale.root_masked if ctx.stale_state is None else (ctx.stale_state == ctx.mask_id).to(device)}
+        scored: dict[int, torch.Tensor] = {}  # node id -> [K] the pi it reads: its own, or a scored ancestor's
 
         def expand(frontier: Frontier) -> list[list[SetEdge]]:
             masked = frontier.states.to(device) == ctx.mask_id  # [B, K]
             masked_at.update(zip(frontier.nodes, masked, strict=True))
-            last = torch.stack([masked_at[p] for p in frontier.parents]) & ~masked  # [B, K]
-            probs, tokens = self.predictor.node_sets(stale, masked, frontier.depths, last)  # [B, K] each
+            fresh = [i for i, d in enumerate(frontier.depths) if self.model_depth is None or d < self.model_depth]
+            probs = torch.zeros(masked.shape, dtype=torch.float64, device=device)  # [B, K]
+            tokens = torch.stack([stale.prediction(d).tokens[:, 0] for d in frontier.depths])  # [B, K] the stale draws
+            if fresh:
+                last = torch.stack([masked_at[frontier.parents[i]] for i in fresh]) & ~masked[fresh]  # [F, K]
+                probs[fresh], tokens[fresh] = self.predictor.node_sets(stale, masked[fresh], [frontier.depths[i] for i in fresh], last)
+            for i, (node, parent) in enumerate(zip(frontier.nodes, frontier.parents, strict=True)):
+                scored[node] = probs[i].clone() if i in fresh else scored[parent]
+                probs[i] = scored[node].masked_fill(~masked[i], 0.0)
             out = []
             for node_masked, node_probs, node_tokens in zip(masked, probs, tokens, strict=True):
                 where = torch.nonzero(node_masked)[:, 0].tolist()
