@@ -181,6 +181,15 @@ def test_a_directory_without_the_published_weight_names_is_refused(tmp_path):
         from_pretrained(path)
 
 
+def test_a_tokenizer_without_the_mask_token_is_refused(tmp_path):
+    path = write_llada(tmp_path / "llada", tiny_llada())
+    vocab = {f"t{i}": i for i in range(VOCAB - 2)} | {"<|endoftext|>": EOS}  # no <|mdm_mask|>
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="t0"))
+    PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>").save_pretrained(path)
+    with pytest.raises(ValueError, match=f"the tokenizer in {path} has no token for mask_token_id {MASK}; add the mask token"):
+        DualCacheTarget.from_pretrained(path)
+
+
 @pytest.mark.parametrize("name", list(TARGETS))
 @pytest.mark.parametrize("cache", ["dual", "prefix", "none", "nosuffix"])
 @pytest.mark.parametrize("temperature", [0.0, 1.0])

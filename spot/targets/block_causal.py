@@ -26,12 +26,12 @@ import warnings
 from pathlib import Path
 
 import torch
-from transformers import AutoTokenizer, DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeExperts
 
 from spot.targets.attention import PIECES, PieceLayout
 from spot.targets.base import ModelTarget
-from spot.targets.checkpoint import FAMILIES, load_weights, read_checkpoint
+from spot.targets.checkpoint import FAMILIES, load_tokenizer, load_weights, read_checkpoint
 from spot.targets.memory import SAFE_FRACTION, free_bytes, layer_row_bytes
 from spot.targets.sdar import row_invariant_experts, use_sdar_norms
 
@@ -89,13 +89,7 @@ class BlockCausalTarget(ModelTarget):
                 f"({path}); the target was trained for {info.block_size}-token blocks",
                 stacklevel=2,
             )
-        # Our config, not the directory's model_type (sdar): transformers would warn that it does not know it.
-        tokenizer = AutoTokenizer.from_pretrained(str(path), config=config, trust_remote_code=trust_remote_code)
-        if tokenizer.convert_ids_to_tokens(info.mask_id) is None:
-            raise ValueError(
-                f"the tokenizer in {path} has no token for mask_token_id {info.mask_id}; "
-                "add the mask token to the tokenizer (SDAR: <|MASK|>)"
-            )
+        tokenizer = load_tokenizer(path, config, info.mask_id, trust_remote_code)
         model = load_weights(path, config, family, dtype, attn_implementation=attn_implementation).to(device)
         return cls(model, info.mask_id, info.eos_ids, block_length, tokenizer=tokenizer, name=str(path), exact=exact)
 

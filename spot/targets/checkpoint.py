@@ -10,8 +10,10 @@ from pathlib import Path
 
 import torch
 from transformers import (
+    AutoTokenizer,
     PretrainedConfig,
     PreTrainedModel,
+    PreTrainedTokenizerBase,
     Qwen2Config,
     Qwen2ForCausalLM,
     Qwen3Config,
@@ -139,6 +141,17 @@ def read_checkpoint(path: str | Path) -> tuple[PretrainedConfig, CheckpointInfo]
     if not 0 <= info.mask_id < info.vocab_size:
         raise ValueError(f"{config_file}: mask_token_id {info.mask_id} is outside the vocabulary (size {info.vocab_size})")
     return config, info
+
+
+def load_tokenizer(path: str | Path, config: PretrainedConfig, mask_id: int, trust_remote_code: bool = False) -> PreTrainedTokenizerBase:
+    """The directory's tokenizer, checked to hold the mask token the config names (without it the prompt's text
+    could never show a mask, and decoded masks would vanish from the output)."""
+    # Our config, not the directory's model_type (sdar): transformers would warn that it does not know it.
+    tokenizer = AutoTokenizer.from_pretrained(str(path), config=config, trust_remote_code=trust_remote_code)
+    if tokenizer.convert_ids_to_tokens(mask_id) is None:
+        raise ValueError(f"the tokenizer in {path} has no token for mask_token_id {mask_id}; add the mask token to the "
+                         "tokenizer (SDAR: <|MASK|>, LLaDA: <|mdm_mask|>)")
+    return tokenizer
 
 
 def load_weights(path: str | Path, config: PretrainedConfig, family: Family, dtype: torch.dtype, **kwargs) -> PreTrainedModel:

@@ -37,11 +37,11 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from transformers import AttentionInterface, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import AttentionInterface, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from spot.targets.base import ModelTarget
-from spot.targets.checkpoint import FAMILIES, load_weights, read_checkpoint
+from spot.targets.checkpoint import FAMILIES, load_tokenizer, load_weights, read_checkpoint
 from spot.targets.memory import SAFE_FRACTION, free_bytes, layer_row_bytes
 
 FROZEN = "spot_frozen_canvas"
@@ -147,7 +147,7 @@ class DualCacheTarget(ModelTarget):
         if family.attention != "bidirectional":
             raise ValueError(f"{path} holds a {info.model_type} model, whose attention is {family.attention}: "
                              "load it with spot.targets.BlockCausalTarget (spot.targets.from_pretrained does)")
-        tokenizer = AutoTokenizer.from_pretrained(str(path), config=config, trust_remote_code=trust_remote_code)
+        tokenizer = load_tokenizer(path, config, info.mask_id, trust_remote_code)
         model = load_weights(path, config, family, dtype)
         return cls(model.to(device), info.mask_id, info.eos_ids, block_length or info.block_size, tokenizer=tokenizer,
                    name=str(path), cache=cache, shift=family.shift)

@@ -51,6 +51,5 @@ def fit_sets_command(trajectories: Sequence[str | Path], out: str | Path, depths
     report = {"threshold": threshold, "blocks": len(blocks), "heldout_blocks": len(heldout),
               "heldout": asdict(evaluate_sets(fit_stale_sets(train, threshold, depths), heldout, threshold, depths))}
     predictor = fit_stale_sets(blocks, threshold, depths)
-    report["coefficients"] = [list(c) for c in predictor.coefficients]
-    write_set_predictor(out, fingerprint, threshold, predictor, report)
-    return report
+    write_set_predictor(out, fingerprint, threshold, predictor, report)  # the file holds the coefficients once
+    return {**report, "coefficients": [list(c) for c in predictor.coefficients]}
