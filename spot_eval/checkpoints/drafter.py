@@ -20,7 +20,7 @@ fingerprint (spot_eval/checkpoints/fingerprint.py) says which target the drafter
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -90,6 +90,26 @@ def save_checkpoint(
     write_atomically(path, lambda tmp: torch.save(payload, tmp))
 
 
+def read_payload(path: Path, fmt: str, keys: Sequence[str], corrupt: Callable[[str], ValueError],
+                 retired: dict[str, str] | None = None) -> dict:
+    """The dict a drafter file holds, loaded with weights_only=True and checked to be of format `fmt` with every
+    one of `keys`; `corrupt(why)` is the error for a damaged or foreign file, `retired` maps an earlier format
+    to its own message."""
+    try:
+        raw = torch.load(path, weights_only=True, map_location="cpu")
+    except Exception as err:  # torch raises many kinds here (zip, unpickling, unicode, EOF)
+        raise corrupt(f"torch.load failed: {type(err).__name__}: {str(err)[:200]}") from None
+    if isinstance(raw, dict) and raw.get("format") in (retired or {}):
+        raise ValueError(retired[raw["format"]])
+    if not isinstance(raw, dict) or raw.get("format") != fmt:
+        found = raw.get("format") if isinstance(raw, dict) else type(raw).__name__
+        raise corrupt(f"format {found!r}, expected {fmt!r}")
+    missing = [k for k in keys if k not in raw]
+    if missing:
+        raise corrupt(f"missing keys {missing}")
+    return raw
+
+
 def load_checkpoint(path: str | Path) -> DrafterCheckpoint:
     """Load and verify a drafter checkpoint.
 
@@ -107,21 +127,9 @@ def load_checkpoint(path: str | Path) -> DrafterCheckpoint:
             "or re-download it"
         )
 
-    try:
-        raw = torch.load(path, weights_only=True, map_location="cpu")
-    except Exception as err:  # torch raises many kinds here (zip, unpickling, unicode, EOF)
-        raise corrupt(f"torch.load failed: {type(err).__name__}: {str(err)[:200]}") from None
-    if isinstance(raw, dict) and raw.get("format") in RETIRED:
-        raise ValueError(
-            f"drafter checkpoint {path} was written by an earlier spot-eval: {RETIRED[raw['format']]}; "
-            "retrain it with spot-eval train-drafter on the same trajectories"
-        )
-    if not isinstance(raw, dict) or raw.get("format") != FORMAT:
-        found = raw.get("format") if isinstance(raw, dict) else type(raw).__name__
-        raise corrupt(f"format {found!r}, expected {FORMAT!r}")
-    missing = [k for k in KEYS if k not in raw]
-    if missing:
-        raise corrupt(f"missing keys {missing}")
+    raw = read_payload(path, FORMAT, KEYS, corrupt, retired={
+        old: f"drafter checkpoint {path} was written by an earlier spot-eval: {why}; retrain it with spot-eval "
+             "train-drafter on the same trajectories" for old, why in RETIRED.items()})
     state = raw["state_dict"]
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise corrupt("state_dict is not a dict of tensors")

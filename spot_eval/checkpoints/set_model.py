@@ -21,7 +21,7 @@ import torch
 
 from spot.drafters.set_model import LearnedSets, Projection, SetModel, SetModelConfig
 from spot_eval.checkpoints.atomic_file import write_atomically
-from spot_eval.checkpoints.drafter import state_sha256
+from spot_eval.checkpoints.drafter import read_payload, state_sha256
 from spot_eval.checkpoints.fingerprint import IDENTITY, check_fingerprint, target_fingerprint
 
 FORMAT = "spot-set-model/1"
@@ -68,16 +68,7 @@ def load_set_model(path: str | Path) -> SetModelFile:
     def corrupt(why: str) -> ValueError:
         return ValueError(f"set model {path} is corrupt or not a set model ({why}); {FIX}")
 
-    try:
-        raw = torch.load(path, weights_only=True, map_location="cpu")
-    except Exception as err:  # torch raises many kinds here (zip, unpickling, EOF)
-        raise corrupt(f"torch.load failed: {type(err).__name__}: {str(err)[:200]}") from None
-    if not isinstance(raw, dict) or raw.get("format") != FORMAT:
-        found = raw.get("format") if isinstance(raw, dict) else type(raw).__name__
-        raise corrupt(f"format {found!r}, expected {FORMAT!r}")
-    missing = [k for k in KEYS if k not in raw]
-    if missing:
-        raise corrupt(f"missing keys {missing}")
+    raw = read_payload(path, FORMAT, KEYS, corrupt)
     try:
         if _digest(raw["state_dict"], raw["projections"]) != raw["sha256"]:
             raise corrupt("the weights or projections do not match their recorded sha256")
