@@ -17,7 +17,7 @@ from spot import DecodeConfig, Sampling, generate
 from spot.drafters.order_examples import RecordedBlock
 from spot.drafters.order_model import parameter_count
 from spot.drafters.set_model import LearnedSets, Projection, SetModel, SetModelConfig
-from spot.drafters.set_training import SetTrainConfig, make_set_examples, train_set_model
+from spot.drafters.set_training import SetTrainConfig, losses, make_set_examples, train_set_model
 from spot.drafters.sets import SetsDrafter
 from spot_eval.cli import main
 
@@ -72,6 +72,29 @@ def test_a_set_example_on_a_literal_block():
     assert batch.committed.tolist() == [[-1, 5, 6, -1]]
     assert batch.fresh[0, 1].tolist() == pytest.approx(torch.softmax(torch.tensor([-3.0, -0.1]), -1).tolist())
     assert batch.stale_tokens.tolist() == [[7, 5, 6, 8]] and batch.inputs.feats.shape == (1, 4, config.inputs)
+
+
+def test_the_position_loss_is_the_order_models_cross_entropy_on_single_commits():
+    """Steps commit {3}, {2}, then {0, 1}. Node (s = 1, d = 0) is followed by the single commit of position 2,
+    node (1, 1) by the set {0, 1}: the position term is the softmax cross-entropy over the first node's masked
+    positions' inclusion logits, and the second adds none."""
+    states = torch.tensor([[MASK, MASK, MASK, MASK], [MASK, MASK, MASK, 8], [MASK, MASK, 6, 8], [4, 5, 6, 8]])
+    ids = torch.tensor([[4, 1], [5, 1], [6, 1], [8, 1]])
+    lp = torch.tensor([[-0.1, -3.0]] * 4)
+    block = RecordedBlock(states, torch.stack([lp] * 3), torch.stack([ids] * 3), MASK, seed=0, request=0, block=0,
+                          temperature=0.0, hidden=torch.zeros(3, 4, SMALL.hidden_dims))
+    config = replace(SMALL, topk=2)
+    batch = make_set_examples(block, [(1, 0), (1, 1)], config, torch.zeros(VOCAB, SMALL.embedding_dims))
+    assert batch.chosen.tolist() == [[False, False, True, False], [True, True, False, False]]
+    torch.manual_seed(0)
+    model = SetModel(config)
+    with torch.no_grad():
+        plain, token, inclusion, _ = losses(model, batch, "cpu")
+        weighted, same_token, _, _ = losses(model, batch, "cpu", position_weight=0.5)
+    ce = -torch.log_softmax(inclusion[0, :3], -1)[2]  # the single-commit node: masked positions 0-2, label 2
+    assert float(weighted) == pytest.approx(float(plain + 0.5 * ce), rel=1e-6) and torch.equal(token, same_token)
+    with pytest.raises(ValueError, match="position_weight must be >= 0"):
+        SetTrainConfig(position_weight=-1.0)
 
 
 def learned(target, seed: int, wild: bool = False) -> SetsDrafter:

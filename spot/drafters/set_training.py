@@ -47,6 +47,9 @@ class SetTrainConfig:
     weight_decay: float = 0.01
     grad_clip: float = 1.0
     token_weight: float = 1.0  # weight of the token loss beside the inclusion loss
+    # weight of a softmax cross-entropy over the masked positions' inclusion logits on the steps that commit one
+    # position: the order model's loss, which ranks the logits (the product rule's best singleton is their argmax)
+    position_weight: float = 0.0
     max_depth: int = 4  # examples at depths 0 .. max_depth - 1 (a sets tree scores every level with the model)
     heldout_fraction: float = 0.1  # of the requests
     max_seconds: float | None = None  # safety cap: stop early (SetTrainResult.stopped_early) after this long
@@ -61,6 +64,8 @@ class SetTrainConfig:
             raise ValueError(f"epochs ({self.epochs}) must be > 0, batch_size ({self.batch_size}) and max_depth ({self.max_depth}) >= 1")
         if not 0.0 < self.threshold <= 1.0:
             raise ValueError(f"threshold must be in (0, 1], got {self.threshold}")
+        if self.position_weight < 0:
+            raise ValueError(f"position_weight must be >= 0, got {self.position_weight}")
         if not 0.0 < self.heldout_fraction < 1.0:
             raise ValueError(f"heldout_fraction must be in (0, 1), got {self.heldout_fraction}")
 
@@ -133,12 +138,17 @@ def model_tokens(scores: torch.Tensor, batch: SetBatch) -> torch.Tensor:
                        batch.noise.to(scores.device))
 
 
-def losses(model: SetModel, batch: SetBatch, device: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(inclusion loss, token loss, inclusion logits [B, K], token scores [B, K, k])."""
+def losses(model: SetModel, batch: SetBatch, device: str, position_weight: float = 0.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(inclusion loss, token loss, inclusion logits [B, K], token scores [B, K, k]); the inclusion loss adds
+    `position_weight` times the position cross-entropy of SetTrainConfig.position_weight."""
     inputs = SetInputs(batch.inputs.feats.to(device), batch.inputs.buckets.to(device))
     inclusion, scores = model(inputs, batch.lp.to(device))
-    masked = batch.masked.to(device)
-    set_loss = F.binary_cross_entropy_with_logits(inclusion[masked], batch.chosen.to(device)[masked].float())
+    masked, chosen = batch.masked.to(device), batch.chosen.to(device)
+    set_loss = F.binary_cross_entropy_with_logits(inclusion[masked], chosen[masked].float())
+    single = chosen.sum(-1) == 1  # [B]
+    if position_weight and bool(single.any()):
+        logits = inclusion[single].masked_fill(~masked[single], float("-inf"))  # [S, K]
+        set_loss = set_loss + position_weight * F.cross_entropy(logits, chosen[single].float().argmax(-1))
     token_loss = -(batch.fresh.to(device) * torch.log_softmax(scores, -1)).sum(-1)[masked].mean()
     return set_loss, token_loss, inclusion, scores
 
@@ -260,7 +270,8 @@ def train_set_model(
     model.to(config.device).train()
 
     def batch_loss(rows: torch.Tensor) -> tuple[torch.Tensor, float]:
-        set_loss, token_loss, _, _ = losses(model, build_set_batch(train_blocks, rows, model_config, token_coords), config.device)
+        set_loss, token_loss, _, _ = losses(model, build_set_batch(train_blocks, rows, model_config, token_coords), config.device,
+                                            config.position_weight)
         loss = set_loss + config.token_weight * token_loss
         return loss, loss.item()
 
