@@ -284,14 +284,18 @@ class SetsDrafter:
             masked = frontier.states.to(device) == ctx.mask_id  # [B, K]
             masked_at.update(zip(frontier.nodes, masked, strict=True))
             fresh = [i for i, d in enumerate(frontier.depths) if self.model_depth is None or d < self.model_depth]
-            probs = torch.zeros(masked.shape, dtype=torch.float64, device=device)  # [B, K]
-            tokens = torch.stack([stale.prediction(d).tokens[:, 0] for d in frontier.depths])  # [B, K] the stale draws
+            probs = torch.empty(masked.shape, dtype=torch.float64, device=device)  # [B, K]
+            tokens = torch.empty(masked.shape, dtype=torch.long, device=device)  # [B, K]
             if fresh:
                 last = torch.stack([masked_at[frontier.parents[i]] for i in fresh]) & ~masked[fresh]  # [F, K]
                 probs[fresh], tokens[fresh] = self.predictor.node_sets(stale, masked[fresh], [frontier.depths[i] for i in fresh], last)
-            for i, (node, parent) in enumerate(zip(frontier.nodes, frontier.parents, strict=True)):
-                scored[node] = probs[i].clone() if i in fresh else scored[parent]
-                probs[i] = scored[node].masked_fill(~masked[i], 0.0)
+            for i, (node, parent, depth) in enumerate(zip(frontier.nodes, frontier.parents, frontier.depths, strict=True)):
+                if self.model_depth is None or depth < self.model_depth:
+                    scored[node] = probs[i]
+                else:  # the parent's pi where the node is still masked, and the stale draw of the node's own step
+                    scored[node] = scored[parent]
+                    probs[i] = scored[parent].masked_fill(~masked[i], 0.0)
+                    tokens[i] = stale.prediction(depth).tokens[:, 0]
             out = []
             for node_masked, node_probs, node_tokens in zip(masked, probs, tokens, strict=True):
                 where = torch.nonzero(node_masked)[:, 0].tolist()
