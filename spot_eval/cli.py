@@ -199,8 +199,8 @@ def _train_sets_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--lr", type=float, default=5e-4)
     p.add_argument("--max-depth", type=int, default=4, help="train on tree depths 0 .. max_depth - 1")
-    p.add_argument("--position-weight", type=float, default=0.0,
-                   help="weight of a cross-entropy over the masked positions on single-commit steps (0: off)")
+    p.add_argument("--position-weight", type=float, default=1.0,
+                   help="weight of a cross-entropy over the masked positions on single-commit steps (0: off; default 1)")
     p.add_argument("--heldout", type=float, default=0.1, help="fraction of the requests held out for the report")
     p.add_argument("--minutes", type=float, default=None, help="safety cap: stop early (and say so) after it")
     p.add_argument("--device", default="cpu")

@@ -48,8 +48,9 @@ class SetTrainConfig:
     grad_clip: float = 1.0
     token_weight: float = 1.0  # weight of the token loss beside the inclusion loss
     # weight of a softmax cross-entropy over the masked positions' inclusion logits on the steps that commit one
-    # position: the order model's loss, which ranks the logits (the product rule's best singleton is their argmax)
-    position_weight: float = 0.0
+    # position: the order model's loss, which ranks the logits (the product rule's best singleton is their argmax);
+    # on by default, as the shipped model was trained (0 turns it off)
+    position_weight: float = 1.0
     max_depth: int = 4  # examples at depths 0 .. max_depth - 1 (a sets tree scores every level with the model)
     heldout_fraction: float = 0.1  # of the requests
     max_seconds: float | None = None  # safety cap: stop early (SetTrainResult.stopped_early) after this long
