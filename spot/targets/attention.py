@@ -11,9 +11,10 @@ rows of piece r to [cache | pending prefix | piece r], all P pieces in one batch
 pending rows to [cache | pending] under their block-causal mask. Each piece thus runs the very
 computation a one-piece forward of its state runs. The rest of the network treats every token
 row alike, provided a linear layer's output row does not depend on how many rows the matrix has:
-true of the CPU kernels measured here for dense layers (bf16 at any row count, fp32 from 4 rows, so
-from block length 4; MoE experts run in fixed chunks, spot.targets.rows); on CUDA, cuBLAS picks its kernel by shape, so there it takes batch-invariant matmuls
-(README, "Exactness").
+CPU kernels do not promise it (oneDNN's AMX bf16 kernels split the reduction by row count), so in
+this layout every linear layer and every MoE expert runs on fixed-size row chunks
+(spot.targets.rows); on CUDA flash attention's split heuristics depend on the batch too (README,
+"Exactness").
 
 The layout reaches the attention as a keyword argument of the model's forward (`piece_layout=`,
 which transformers hands every attention call), and `piece_attention` is registered with

@@ -33,6 +33,7 @@ from spot.targets.attention import PIECES, PieceLayout
 from spot.targets.base import ModelTarget
 from spot.targets.checkpoint import FAMILIES, load_tokenizer, load_weights, read_checkpoint
 from spot.targets.memory import SAFE_FRACTION, free_bytes, layer_row_bytes
+from spot.targets.rows import row_invariant_linears
 from spot.targets.sdar import row_invariant_experts, use_sdar_norms
 
 
@@ -52,6 +53,7 @@ class BlockCausalTarget(ModelTarget):
         self.exact = exact
         if exact:
             model.set_attn_implementation(PIECES)
+            row_invariant_linears(model)
             for module in model.modules():
                 if isinstance(module, Qwen3MoeExperts):
                     module.forward = types.MethodType(row_invariant_experts, module)

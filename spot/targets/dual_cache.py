@@ -43,6 +43,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from spot.targets.base import ModelTarget
 from spot.targets.checkpoint import FAMILIES, load_tokenizer, load_weights, read_checkpoint
 from spot.targets.memory import SAFE_FRACTION, free_bytes, layer_row_bytes
+from spot.targets.rows import row_invariant_linears
 
 FROZEN = "spot_frozen_canvas"
 CACHES = ("dual", "prefix", "none", "nosuffix")
@@ -120,6 +121,7 @@ class DualCacheTarget(ModelTarget):
         if cache not in CACHES:
             raise ValueError(f"cache {cache!r} is not one of {', '.join(CACHES)}")
         model.set_attn_implementation(FROZEN)
+        row_invariant_linears(model)
         for module in model.modules():
             if hasattr(module, "is_causal"):
                 module.is_causal = False  # a plain forward (no layout, no mask) sees the whole canvas too
