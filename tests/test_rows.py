@@ -5,9 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 from torch import nn
+from transformers import Qwen3MoeConfig
+from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeTopKRouter
 
 from spot.targets import BlockCausalTarget
 from spot.targets.rows import row_invariant_linears
+from spot.targets.sdar import row_invariant_router
 from spot_eval.checkpoints.shipped import EMBEDDED_TARGET
 
 
@@ -39,3 +42,31 @@ def test_the_exact_layout_chunks_every_linear_layer_and_the_packed_one_none():
     linears = [m for m in exact.model.modules() if isinstance(m, nn.Linear)]
     assert linears and all("forward" in vars(m) for m in linears)
     assert not any("forward" in vars(m) for m in packed.model.modules() if isinstance(m, nn.Linear))
+
+
+def test_the_qwen3_moe_router_routes_each_row_alike_at_any_row_count():
+    # on the AMX CPU of 2026-12-02, with two torch threads, transformers' own router gave rows 7-106 other logits
+    # alone than among 700 rows (with one thread the same rows)
+    config = Qwen3MoeConfig(hidden_size=768, num_experts=64, num_experts_per_tok=8, norm_topk_prob=True)
+    router = Qwen3MoeTopKRouter(config).to(torch.bfloat16)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        router.weight.copy_(0.05 * torch.randn(64, 768, generator=g))
+    x = torch.randn(700, 768, generator=g).to(torch.bfloat16)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        check_router(router, x)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def check_router(router: nn.Module, x: torch.Tensor) -> None:
+    with torch.no_grad():
+        plain = router(x)
+        chunked = row_invariant_router(router, x)
+        torch.testing.assert_close(chunked[0].float(), plain[0].float(), rtol=0.02, atol=0.02)
+        assert [t.shape for t in chunked] == [t.shape for t in plain]
+        for start, n in ((0, 1), (0, 64), (7, 100), (40, 160), (0, 700)):
+            part = row_invariant_router(router, x[start : start + n])
+            assert all(torch.equal(a, b[start : start + n]) for a, b in zip(part, chunked, strict=True)), (start, n)

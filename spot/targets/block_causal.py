@@ -27,14 +27,14 @@ from pathlib import Path
 
 import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
-from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeExperts
+from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeExperts, Qwen3MoeTopKRouter
 
 from spot.targets.attention import PIECES, PieceLayout
 from spot.targets.base import ModelTarget
 from spot.targets.checkpoint import FAMILIES, load_tokenizer, load_weights, read_checkpoint
 from spot.targets.memory import SAFE_FRACTION, free_bytes, layer_row_bytes
 from spot.targets.rows import row_invariant_linears
-from spot.targets.sdar import row_invariant_experts, use_sdar_norms
+from spot.targets.sdar import row_invariant_experts, row_invariant_router, use_sdar_norms
 
 
 class BlockCausalTarget(ModelTarget):
@@ -57,6 +57,8 @@ class BlockCausalTarget(ModelTarget):
             for module in model.modules():
                 if isinstance(module, Qwen3MoeExperts):
                     module.forward = types.MethodType(row_invariant_experts, module)
+                elif isinstance(module, Qwen3MoeTopKRouter):
+                    module.forward = types.MethodType(row_invariant_router, module)
         use_sdar_norms(model)
         super().__init__(model, mask_id, eos_ids, block_length, tokenizer, name)
         self.cross_block = True  # a completed block's KV never changes, so the next block can ride behind it

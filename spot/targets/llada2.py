@@ -42,7 +42,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.modeling_outputs import BaseModelOutputWithPast
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from spot.targets.rows import in_chunks
+from spot.targets.rows import DENSE_ROWS, in_chunks
 
 
 @strict
@@ -185,7 +185,8 @@ class LLaDA2Gate(nn.Module):
     def forward(self, x: torch.Tensor) -> Routing:
         """x: [T, d] -> the routing (the module docstring's rule)."""
         c = self.config
-        scores = torch.sigmoid(nn.functional.linear(x.float(), self.weight.float()))  # [T, E]
+        # fixed row chunks: a token's routing must not move with the tokens beside it (spot.targets.rows)
+        scores = torch.sigmoid(in_chunks(lambda chunk: nn.functional.linear(chunk.float(), self.weight.float()), x, DENSE_ROWS))  # [T, E]
         biased = scores + self.expert_bias.float()
         groups = biased.view(-1, c.n_group, c.num_experts // c.n_group)  # [T, G, E / G]
         best_groups = groups.topk(2, dim=-1).values.sum(-1).topk(c.topk_group, dim=-1).indices  # [T, topk_group]

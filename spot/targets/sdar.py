@@ -4,7 +4,8 @@ SDAR checkpoints ship Qwen3 / Qwen3-MoE weight names under `model_type: "sdar"` 
 remote code; spot.targets.checkpoint maps their config.json to a plain `Qwen3Config` /
 `Qwen3MoeConfig`, the weights load into `Qwen3ForCausalLM` / `Qwen3MoeForCausalLM` without remote
 code, and the target (spot.targets.block_causal) computes every RMSNorm as SDAR does (`SDARRMSNorm`)
-and, in the exact layout, Qwen3-MoE's experts row-invariantly (`row_invariant_experts`).
+and, in the exact layout, Qwen3-MoE's router and experts row-invariantly (`row_invariant_router`,
+`row_invariant_experts`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from torch import nn
 from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
 from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeRMSNorm
 
-from spot.targets.rows import in_chunks
+from spot.targets.rows import DENSE_ROWS, in_chunks
 
 
 class SDARRMSNorm(nn.Module):
@@ -53,6 +54,20 @@ def row_invariant_experts(self, hidden_states: torch.Tensor, top_k_index: torch.
         y = in_chunks(mlp, hidden_states[tokens])  # [n, d]
         out.index_add_(0, tokens, (y * top_k_weights[tokens, slot, None]).to(out.dtype))
     return out
+
+
+def row_invariant_router(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Qwen3-MoE's router (transformers' Qwen3MoeTopKRouter) with its logits computed in fixed chunks of
+    DENSE_ROWS rows (spot.targets.rows): a token's routing is a discrete choice, so its logits must not move
+    with the number of tokens in the verify. hidden_states: [..., d]. Returns (logits [T, E], weights [T, k],
+    experts [T, k]) as transformers' router does."""
+    hidden_states = hidden_states.reshape(-1, self.hidden_dim)  # [T, d]
+    router_logits = in_chunks(lambda chunk: nn.functional.linear(chunk, self.weight), hidden_states, DENSE_ROWS)
+    router_probs = nn.functional.softmax(router_logits, dtype=torch.float, dim=-1)
+    router_top_value, router_indices = torch.topk(router_probs, self.top_k, dim=-1)  # [T, k]
+    if self.norm_topk_prob:
+        router_top_value /= router_top_value.sum(dim=-1, keepdim=True)
+    return router_logits, router_top_value.to(router_logits.dtype), router_indices
 
 
 def use_sdar_norms(model: nn.Module) -> None:
