@@ -283,14 +283,15 @@ class SetsDrafter:
         def expand(frontier: Frontier) -> list[list[SetEdge]]:
             masked = frontier.states.to(device) == ctx.mask_id  # [B, K]
             masked_at.update(zip(frontier.nodes, masked, strict=True))
-            fresh = [i for i, d in enumerate(frontier.depths) if self.model_depth is None or d < self.model_depth]
+            scored_here = [self.model_depth is None or d < self.model_depth for d in frontier.depths]  # the predictor scores it
+            fresh = [i for i, own in enumerate(scored_here) if own]
             probs = torch.empty(masked.shape, dtype=torch.float64, device=device)  # [B, K]
             tokens = torch.empty(masked.shape, dtype=torch.long, device=device)  # [B, K]
             if fresh:
                 last = torch.stack([masked_at[frontier.parents[i]] for i in fresh]) & ~masked[fresh]  # [F, K]
                 probs[fresh], tokens[fresh] = self.predictor.node_sets(stale, masked[fresh], [frontier.depths[i] for i in fresh], last)
             for i, (node, parent, depth) in enumerate(zip(frontier.nodes, frontier.parents, frontier.depths, strict=True)):
-                if self.model_depth is None or depth < self.model_depth:
+                if scored_here[i]:
                     scored[node] = probs[i]
                 else:  # the parent's pi where the node is still masked, and the stale draw of the node's own step
                     scored[node] = scored[parent]
