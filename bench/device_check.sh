@@ -7,7 +7,7 @@
 #   2. verify_exactness: pieces of a P-piece verify against one-piece forwards, P = 2, 9, 21, both layouts;
 #   3. auto_cost: what budget=auto weighs on the device (bf16, exact layout): c(P, L), the drafter's seconds per
 #      tree and the tree size the rule picks at the shipped drafter's mean reach;
-#   4. benchmark: README command 1 (four tasks at --limit 10, SPOT@8, SPOT@auto and Spiffy@3 against draft-free)
+#   4. benchmark: README command 1 (four tasks at --limit 10, up to 256 new tokens, SPOT@8, SPOT@auto and Spiffy@3 against draft-free)
 #      on the device in bf16, exact layout, one line per task and method with its forward and throughput ratios.
 # --dry-run: the same on the CPU at toy sizes (CI runs it, so the script stays runnable between GPU sessions).
 # Usage: bash bench/device_check.sh [--dry-run]   (from the repository root, with the project installed)
@@ -17,10 +17,10 @@ PY=${PYTHON:-python}
 LM_EVAL=${LM_EVAL:-lm_eval}
 if [ "${1:-}" = "--dry-run" ]; then
   DEVICE=cpu PIECES=1+2+3 SDAR="--layers 1 --width-divisor 32" LLADA2="--layers 2 --width-divisor 32" CONTEXT=64 REPEATS=1
-  EXACTNESS="--prompts 1 --gen 32 --pieces 2 --repeats 1" LIMIT=1
+  EXACTNESS="--prompts 1 --gen 32 --pieces 2 --repeats 1" LIMIT=1 MAX_GEN=32
 else
   DEVICE=cuda PIECES=1+2+3+4+5+7+9+11+13+15+17+19+21 SDAR="--layers 12" LLADA2="--layers 6" CONTEXT=512 REPEATS=9
-  EXACTNESS="--prompts 8 --gen 128 --pieces 2+9+21" LIMIT=10
+  EXACTNESS="--prompts 8 --gen 128 --pieces 2+9+21" LIMIT=10 MAX_GEN=256
 fi
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 PYTHONUNBUFFERED=1
 echo "device_check: verify cost, embedded target" >&2
@@ -37,7 +37,7 @@ echo "device_check: the four-task benchmark" >&2
 RUN=$(mktemp -d)
 trap 'rm -rf "$RUN"' EXIT
 (cd "$RUN" && "$LM_EVAL" --model spot --model_args "device=$DEVICE,dtype=bfloat16,exact=true,methods=spot@8+spot@auto+spiffy@3,output_dir=$RUN/run" \
-  --tasks spot_all --include_path "$OLDPWD/tasks" --apply_chat_template --confirm_run_unsafe_code --limit $LIMIT >&2)
+  --tasks spot_all --include_path "$OLDPWD/tasks" --apply_chat_template --confirm_run_unsafe_code --limit $LIMIT --gen_kwargs max_gen_toks=$MAX_GEN >&2)
 $PY - "$RUN/run/summary.csv" "$DEVICE" <<'PY'
 import csv, json, sys
 for row in csv.DictReader(open(sys.argv[1])):

@@ -33,7 +33,8 @@ SDAR_8B = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "sdar-
 
 def sdar_shaped(device: str, dtype: torch.dtype, layers: int | None, divisor: int, block: int) -> tuple[BlockCausalTarget, dict]:
     """SDAR-8B-Chat's architecture with random weights (seeded), optionally fewer layers and narrower."""
-    config, info = read_checkpoint(SDAR_8B)
+    checkpoint = read_checkpoint(SDAR_8B)
+    config, info = checkpoint.config, checkpoint.info
     if layers is not None:
         config.num_hidden_layers = layers
         config.layer_types = config.layer_types[:layers]

@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import json
+import logging
+import os
 import socket
+import sys
+import warnings
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -23,6 +28,11 @@ from spot.targets.block_causal import BlockCausalTarget
 VOCAB = 64
 MASK_ID = 63
 EOS_ID = 62
+
+# The commands tests start inherit one OpenMP thread (this process takes one in `one_thread`): the tiny models are
+# overhead-bound, and with pytest-xdist's workers on every core a second thread per process only spins. Set when
+# this file loads, before the test modules copy os.environ into the environments they give their commands.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 def _tiny(model_class, config_class, seed: int, scale: float, **fields) -> PreTrainedModel:
@@ -91,6 +101,34 @@ def write_checkpoint(
     return path
 
 
+def run_cli(capsys, *args: str) -> SimpleNamespace:
+    """`spot-eval ARGS` in this process (`spot_eval.cli.main`, what the console script calls): its exit status,
+    stdout and stderr, as subprocess.run would give them."""
+    from spot_eval.cli import main
+
+    capsys.readouterr()
+    # What a fresh process would print on stderr: every warning, and WARNING log records (logging's last resort),
+    # which pytest otherwise keeps for its own report.
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setLevel(logging.WARNING)
+    logging.getLogger().addHandler(handler)
+    formatwarning = warnings.formatwarning
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("default")
+            warnings.showwarning = lambda message, category, filename, lineno, file=None, line=None: print(
+                warnings.formatwarning(message, category, filename, lineno, line), end="", file=sys.stderr)
+            main(list(args))
+        code = 0
+    except SystemExit as exit_:
+        code = exit_.code or 0
+    finally:
+        logging.getLogger().removeHandler(handler)
+        warnings.formatwarning = formatwarning
+    out = capsys.readouterr()
+    return SimpleNamespace(returncode=code, stdout=out.out, stderr=out.err)
+
+
 def free_port() -> int:
     """A local TCP port nobody listens on (a dead MLflow server, or one to start)."""
     with socket.socket() as s:
@@ -98,9 +136,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The end-to-end (slow) tests first: pytest-xdist hands tests out in this order, so that the long ones
+    start while the short ones can still fill the other workers around them."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 @pytest.fixture(autouse=True, scope="session")
 def one_thread():
-    """The tiny test models are overhead-bound: on a 2-core machine a second torch thread mostly spins."""
+    """The tiny test models are overhead-bound: on a 2-core machine a second torch thread mostly spins, the more
+    so with pytest-xdist's workers on every core."""
     previous = torch.get_num_threads()
     torch.set_num_threads(1)
     yield

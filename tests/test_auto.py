@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import tiny_qwen3, write_checkpoint
+from conftest import run_cli, tiny_qwen3, write_checkpoint
 from mlflow import MlflowClient
 
 from spot.cost import measure_verify, probe_contexts
@@ -138,30 +138,29 @@ def test_auto_is_refused_for_a_drafter_without_reach(tmp_path):
         build_drafter(MethodSpec("spiffy", 20, str(graph), auto=True), target, "single")
 
 
-def test_decode_budget_auto_and_the_profile_command(tmp_path):
+@pytest.mark.slow
+def test_decode_budget_auto_and_the_profile_command(tmp_path, capsys, monkeypatch):
     """The shipped block-32 drafter carries a calibration; decode sizes each tree from this machine's profile."""
-    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1"}
-    cli = [sys.executable, "-m", "spot_eval.cli"]
-    shown = subprocess.run([*cli, "profile", "--threads", "1"], capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    shown = run_cli(capsys, "profile", "--threads", "1")
     assert shown.returncode == 0, shown.stderr
     profile = json.loads(shown.stdout)
     assert profile["key"]["block_length"] == 32 and profile["verify"]["pieces"][0] == 1 and Path(profile["file"]).is_file()
     assert "measuring the verify cost" in shown.stderr
-    run = subprocess.run([*cli, "decode", "--method", "spot", "--budget", "auto", "--prompt", "What is 2 + 3?", "--chat",
-                          "--gen-length", "64", "--json", "--threads", "1"], capture_output=True, text=True, env=env, cwd=REPO,
-                         timeout=300)
+    run = run_cli(capsys, "decode", "--method", "spot", "--budget", "auto", "--prompt", "What is 2 + 3?", "--chat",
+                  "--gen-length", "64", "--json", "--threads", "1")
     assert run.returncode == 0, run.stderr
     assert "measuring" not in run.stderr  # the cached profile
     result = json.loads(run.stdout)
     assert result["budget"] == "auto" and result["max_budget"] == 20 and 0 <= result["mean_tree_size"] <= 20
-    reference = subprocess.run([*cli, "decode", "--prompt", "What is 2 + 3?", "--chat", "--gen-length", "64", "--json",
-                                "--threads", "1"], capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
+    reference = run_cli(capsys, "decode", "--prompt", "What is 2 + 3?", "--chat", "--gen-length", "64", "--json", "--threads", "1")
     assert json.loads(reference.stdout)["token_ids"] == result["token_ids"]
-    bad = subprocess.run([*cli, "decode", "--method", "random", "--budget", "auto", "--prompt", "x"], capture_output=True,
-                         text=True, env=env, cwd=REPO, timeout=300)
+    bad = run_cli(capsys, "decode", "--method", "random", "--budget", "auto", "--prompt", "x")
     assert bad.returncode == 2 and "--budget auto needs a drafter with calibrated reach" in bad.stderr
 
 
+@pytest.mark.slow
 def test_lm_eval_runs_spot_at_auto(tmp_path):
     """The real console script: spot@auto is lossless, its tree sizes and the profile are recorded, and
     MLflow holds them."""

@@ -192,6 +192,7 @@ def test_an_output_dir_that_cannot_be_made_is_refused_before_loading(tmp_path, n
 OFFLINE = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("model_args", "message"),
     [

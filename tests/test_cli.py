@@ -1,4 +1,7 @@
-"""`spot-eval decode`: the JSON contract other issues rely on, and bad input without tracebacks."""
+"""`spot-eval decode`: the JSON contract other issues rely on, and bad input without tracebacks.
+
+The commands run in-process through `spot_eval.cli.main` (what the console script calls), one through the
+real `spot-eval` console script."""
 
 from __future__ import annotations
 
@@ -6,17 +9,13 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
-from conftest import write_checkpoint
+from conftest import run_cli, write_checkpoint
 
 OFFLINE = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-
-
-def spot_eval(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "spot_eval.cli", *args], capture_output=True, text=True, env=OFFLINE, timeout=300
-    )
+CONSOLE_SCRIPT = str(Path(sys.executable).parent / "spot-eval")
 
 
 @pytest.fixture(scope="module")
@@ -24,22 +23,33 @@ def checkpoint(tmp_path_factory):
     return str(write_checkpoint(tmp_path_factory.mktemp("cli") / "ckpt"))
 
 
-def decode(checkpoint: str, *extra: str) -> dict:
-    run = spot_eval("decode", "--target", checkpoint, "--prompt", "t1 t2 t3 t4 t5", "--gen-length", "40", "--json", *extra)
+DECODE = ("decode", "--prompt", "t1 t2 t3 t4 t5", "--gen-length", "40", "--json")
+
+
+def decode(capsys, checkpoint: str, *extra: str) -> dict:
+    run = run_cli(capsys, *DECODE, "--target", checkpoint, *extra)
     assert run.returncode == 0, run.stderr
     return json.loads(run.stdout)
 
 
-def test_decode_prints_the_json_contract_and_methods_agree(checkpoint):
-    reference = decode(checkpoint, "--temperature", "1.0", "--seed", "4", "--unmasking", "threshold", "--threshold", "0.5")
+@pytest.mark.slow
+def test_decode_prints_the_json_contract_and_methods_agree(checkpoint, capsys):
+    sampled = ("--temperature", "1.0", "--seed", "4", "--unmasking", "threshold", "--threshold", "0.5")
+    console = subprocess.run([CONSOLE_SCRIPT, *DECODE, "--target", checkpoint, *sampled], capture_output=True, text=True,
+                             env=OFFLINE, timeout=300)
+    assert console.returncode == 0, console.stderr
+    reference = json.loads(console.stdout)
+    in_process = decode(capsys, checkpoint, *sampled)  # what the console script runs, in this process
+    for key in ("text", "token_ids", "forwards", "steps", "accepted_lengths"):
+        assert in_process[key] == reference[key], key
     for key in ("text", "token_ids", "forwards", "steps", "seconds", "accepted_lengths"):
         assert key in reference
     assert reference["method"] == "draft_free" and reference["forwards"] == len(reference["accepted_lengths"])
-    oracle = decode(checkpoint, "--temperature", "1.0", "--seed", "4", "--unmasking", "threshold", "--threshold", "0.5",
+    oracle = decode(capsys, checkpoint, "--temperature", "1.0", "--seed", "4", "--unmasking", "threshold", "--threshold", "0.5",
                     "--method", "oracle", "--budget", "8")
     assert oracle["token_ids"] == reference["token_ids"] and oracle["text"] == reference["text"]
     assert oracle["forwards"] < reference["forwards"]
-    exact = decode(checkpoint, "--temperature", "1.0", "--seed", "4", "--unmasking", "threshold", "--threshold", "0.5",
+    exact = decode(capsys, checkpoint, "--temperature", "1.0", "--seed", "4", "--unmasking", "threshold", "--threshold", "0.5",
                    "--method", "oracle", "--budget", "8", "--exact")
     assert exact["exact"] is True and reference["exact"] is False
     assert exact["token_ids"] == reference["token_ids"]  # fp32: the layouts agree on this tiny target
@@ -58,12 +68,12 @@ def test_decode_prints_the_json_contract_and_methods_agree(checkpoint):
         (["--gen-length", "1000"], "needs 1008 positions"),
     ],
 )
-def test_bad_input_is_one_clear_line(checkpoint, args, message):
-    run = spot_eval("decode", "--target", checkpoint, "--prompt", "t1 t2", *args)
+def test_bad_input_is_one_clear_line(checkpoint, capsys, args, message):
+    run = run_cli(capsys, "decode", "--target", checkpoint, "--prompt", "t1 t2", *args)
     assert run.returncode == 2
     assert message in run.stderr and "Traceback" not in run.stderr
 
 
-def test_a_missing_target_is_named(tmp_path):
-    run = spot_eval("decode", "--target", str(tmp_path / "none"), "--prompt", "x")
+def test_a_missing_target_is_named(tmp_path, capsys):
+    run = run_cli(capsys, "decode", "--target", str(tmp_path / "none"), "--prompt", "x")
     assert run.returncode == 2 and "is not a directory" in run.stderr

@@ -254,6 +254,7 @@ def test_the_cache_option_belongs_to_bidirectional_targets(tmp_path):
         generate(target, [1, 2, 3], DecodeConfig(block_length=target.block_length, gen_length=8, cross_block=True))
 
 
+@pytest.mark.slow
 def test_lm_eval_runs_a_llada_directory(tmp_path):
     lm_eval_runs_losslessly(write_llada(tmp_path / "llada", tiny_llada(seed=6)), tmp_path)
 

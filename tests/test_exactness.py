@@ -87,29 +87,29 @@ def test_a_cross_piece_scores_the_next_block_bit_for_bit_as_its_own_forward_woul
 
 
 @pytest.mark.slow
-def test_bf16_speculation_is_exact_in_the_exact_layout_and_diverges_only_at_near_ties_in_the_packed_one():
+@pytest.mark.parametrize(("temperature", "policy"), [(0.0, "single"), (1.0, "single"), (1.0, "threshold")])
+def test_bf16_speculation_is_exact_in_the_exact_layout_and_diverges_only_at_near_ties_in_the_packed_one(temperature, policy):
     exact, packed = layouts(torch.bfloat16)
     k, vocab = exact.block_length, exact.vocab_size
     spot = SpotDrafter(load_checkpoint(shipped_drafter("spot", k)).model)
     spiffy = SpiffyDrafter(load_graph(shipped_drafter("spiffy", k), k), prune_to=3)
     prompts = [encode_prompt(exact, doc["question"], chat=True) for doc in load("gsm8k_test")[:3]]
     divergences = []
-    for temperature, policy in ((0.0, "single"), (1.0, "single"), (1.0, "threshold")):
-        config = DecodeConfig(policy=policy, threshold=0.5, block_length=k, gen_length=64, sampling=Sampling(temperature))
-        for request, ids in enumerate(prompts):
-            for target in (exact, packed):
-                reference = generate(target, ids, config, request=request, record=True, record_margins=True)
-                methods = [(OracleDrafter(reference.trajectory), 20), (spot, 8)]
+    config = DecodeConfig(policy=policy, threshold=0.5, block_length=k, gen_length=64, sampling=Sampling(temperature))
+    for request, ids in enumerate(prompts):
+        for target in (exact, packed):
+            reference = generate(target, ids, config, request=request, record=True, record_margins=True)
+            methods = [(OracleDrafter(reference.trajectory), 20), (spot, 8)]
+            if target is exact:
+                methods += [(AdversarialDrafter(reference.trajectory, vocab), 8), (RandomDrafter(vocab, seed=1), 2)]
+                methods += [(spiffy, 3)] if policy == "single" else []
+            for drafter, budget in methods:
+                got = generate(target, ids, replace(config, budget=budget), drafter=drafter, request=request, record=True)
                 if target is exact:
-                    methods += [(AdversarialDrafter(reference.trajectory, vocab), 8), (RandomDrafter(vocab, seed=1), 2)]
-                    methods += [(spiffy, 3)] if policy == "single" else []
-                for drafter, budget in methods:
-                    got = generate(target, ids, replace(config, budget=budget), drafter=drafter, request=request, record=True)
-                    if target is exact:
-                        assert got.token_ids == reference.token_ids, (temperature, policy, request, drafter.name, budget)
-                    elif got.token_ids != reference.token_ids:
-                        divergence = diverge(got, reference, config, exact.mask_id)
-                        assert divergence.margins.within(DELTA, temperature), divergence
-                        divergences.append(divergence)
-    # On this CPU the packed layout does flip near-ties here (two of these runs), so the check above is not idle.
+                    assert got.token_ids == reference.token_ids, (request, drafter.name, budget)
+                elif got.token_ids != reference.token_ids:
+                    divergence = diverge(got, reference, config, exact.mask_id)
+                    assert divergence.margins.within(DELTA, temperature), divergence
+                    divergences.append(divergence)
+    # On this CPU the packed layout does flip near-ties in these runs, so the check above is not idle.
     print(f"packed-layout divergences, all near-ties: {len(divergences)}")

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from conftest import write_checkpoint
 from test_sdar_target import hub_cache
 
@@ -20,6 +21,7 @@ def offline(home: Path) -> dict:
     return {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "HF_HOME": str(home)}
 
 
+@pytest.mark.slow
 def test_lm_eval_runs_a_cached_hub_id_offline_and_names_the_fetch_for_an_uncached_one(tmp_path):
     repo = hub_cache(tmp_path / "hf", "JetLM/SDAR-tiny-b16", write_checkpoint(tmp_path / "src"))
     lm_eval = shutil.which("lm_eval", path=str(Path(sys.executable).parent))
@@ -38,6 +40,7 @@ def test_lm_eval_runs_a_cached_hub_id_offline_and_names_the_fetch_for_an_uncache
     assert line.endswith("hf download JetLM/SDAR-8B-Chat-b32")
 
 
+@pytest.mark.slow
 def test_spot_eval_decode_takes_a_hub_id_as_pretrained_and_target(tmp_path):
     repo = hub_cache(tmp_path / "hf", "JetLM/SDAR-tiny-b16", write_checkpoint(tmp_path / "src"))
     outputs = []

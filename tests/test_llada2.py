@@ -104,7 +104,7 @@ def test_the_router_picks_groups_by_their_two_best_biased_scores_and_weighs_by_t
 def test_a_published_style_directory_loads_with_its_ids_from_the_tokenizer(tmp_path):
     model = tiny_llada2(seed=1)
     path = write_llada2(tmp_path / "llada2", model)
-    _, info = read_checkpoint(path)
+    info = read_checkpoint(path).info
     assert (info.mask_id, info.eos_ids, info.block_size) == (MASK, frozenset({EOS}), 32)
     target = BlockCausalTarget.from_pretrained(path)
     assert isinstance(target.model, LLaDA2ForCausalLM) and target.block_length == 32
@@ -196,5 +196,6 @@ def test_the_training_commands_and_decode_work_on_a_llada2_directory(tmp_path, c
     training_commands_work(write_llada2(tmp_path / "llada2", tiny_llada2(seed=4)), tmp_path, capsys)
 
 
+@pytest.mark.slow
 def test_lm_eval_runs_a_llada2_directory(tmp_path):
     lm_eval_runs_losslessly(write_llada2(tmp_path / "llada2", tiny_llada2(seed=6)), tmp_path)

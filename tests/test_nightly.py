@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from conftest import run_cli
 from mlflow import MlflowClient
 
 from spot_eval.checkpoints.drafter import load_checkpoint, save_checkpoint
@@ -27,16 +29,19 @@ def suite_file(path: Path, methods: str) -> Path:
     return path
 
 
-def nightly(tmp_path: Path, suite: Path, date: str, *extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [SPOT_EVAL, "nightly", "--suite", str(suite), "--out", str(tmp_path / "reports"), "--date", date,
-         "--tracking-uri", f"sqlite:///{tmp_path}/mlflow.db", *extra],
-        capture_output=True, text=True, env=ENV, cwd=tmp_path, timeout=900,
-    )
+def nightly(tmp_path: Path, suite: Path, date: str, *extra: str, capsys=None):
+    """`spot-eval nightly`: the real console script, or (given capsys) in this process; its lm_eval runs are
+    real commands either way."""
+    args = ["nightly", "--suite", str(suite), "--out", str(tmp_path / "reports"), "--date", date,
+            "--tracking-uri", f"sqlite:///{tmp_path}/mlflow.db", *extra]
+    if capsys is not None:
+        return run_cli(capsys, *args)
+    return subprocess.run([SPOT_EVAL, *args], capture_output=True, text=True, env=ENV, cwd=tmp_path, timeout=900)
 
 
 @pytest.mark.slow
-def test_nightly_passes_a_rerun_and_flags_a_degraded_drafter(tmp_path):
+def test_nightly_passes_a_rerun_and_flags_a_degraded_drafter(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
     good = suite_file(tmp_path / "good.toml", "spot@8")
     first = nightly(tmp_path, good, "d1")
     assert first.returncode == 0, first.stderr[-3000:]
@@ -45,8 +50,10 @@ def test_nightly_passes_a_rerun_and_flags_a_degraded_drafter(tmp_path):
     assert {"report.md", "report.html", "nightly.json", "throughput_ratio.png", "accepted_lengths.png"} <= {
         p.name for p in report.iterdir()}
     assert "data:image/png;base64," in (report / "report.html").read_text()
+    tokens = [json.loads(line)["tokens"] for line in (report / "runs" / "T0-seed0" / "samples.jsonl").open()]
+    assert tokens and max(tokens) <= 64  # the suite's gen_length caps the task's own max_gen_toks (256)
 
-    again = nightly(tmp_path, good, "d2")
+    again = nightly(tmp_path, good, "d2", capsys=capsys)
     assert again.returncode == 0, again.stderr[-3000:]
     assert again.stdout.startswith("PASS") and "against the baseline (nightly run" in again.stdout
     assert "trend.png" in {p.name for p in (tmp_path / "reports" / "d2").iterdir()}
@@ -57,11 +64,11 @@ def test_nightly_passes_a_rerun_and_flags_a_degraded_drafter(tmp_path):
         shipped.model.head.weight.neg_()
     save_checkpoint(tmp_path / "degraded.pt", shipped.model, shipped.fingerprint, {})
     bad = suite_file(tmp_path / "bad.toml", f"spot@8:{tmp_path / 'degraded.pt'}")
-    flagged = nightly(tmp_path, bad, "d3")
+    flagged = nightly(tmp_path, bad, "d3", capsys=capsys)
     assert flagged.returncode == 1, flagged.stderr[-3000:]
     assert flagged.stdout.startswith("REGRESSION") and "forwards at T=0 spot_gsm8k spot@8" in flagged.stdout
     assert "forwards" in (tmp_path / "reports" / "d3" / "report.md").read_text()
-    dry = nightly(tmp_path, bad, "d3", "--dry-run")  # the same night again: its runs are kept, not decoded again
+    dry = nightly(tmp_path, bad, "d3", "--dry-run", capsys=capsys)  # the same night again: its runs are kept, not decoded again
     assert dry.returncode == 0 and dry.stdout.startswith("REGRESSION") and "already finished, kept" in dry.stderr
 
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
@@ -73,25 +80,23 @@ def test_nightly_passes_a_rerun_and_flags_a_degraded_drafter(tmp_path):
 
     # `compare` reads the same evaluations back from MLflow, or from the results files when MLflow is down.
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    table = compare(tmp_path, "--experiment", "nightly-test", "--tracking-uri", uri, "--out", str(tmp_path / "cmp"))
+    table = run_cli(capsys, "compare", "--experiment", "nightly-test", "--tracking-uri", uri, "--out", str(tmp_path / "cmp"))
     assert table.returncode == 0, table.stderr[-2000:]
     text = (tmp_path / "cmp" / "compare.md").read_text()
     assert "| task | SPOT @8 |" in text and "spot_gsm8k" in text and "seeds 0" in text
-    empty = compare(tmp_path, "--experiment", "no-such", "--tracking-uri", uri)
+    empty = run_cli(capsys, "compare", "--experiment", "no-such", "--tracking-uri", uri)
     assert empty.returncode == 2 and "does not exist" in empty.stderr and "Traceback" not in empty.stderr
-    down = compare(tmp_path, "--experiment", "nightly-test", "--tracking-uri", "http://127.0.0.1:9",
+    down = run_cli(capsys, "compare", "--experiment", "nightly-test", "--tracking-uri", "http://127.0.0.1:9",
                    "--results", str(tmp_path / "reports" / "d1" / "nightly.json"), "--out", str(tmp_path / "cmp2"))
     assert down.returncode == 0 and "unreachable" in down.stderr and (tmp_path / "cmp2" / "compare.csv").exists() is False
     assert (tmp_path / "cmp2" / "compare_T0.csv").exists()
 
 
-def compare(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([SPOT_EVAL, "compare", *args], capture_output=True, text=True, env=ENV, cwd=tmp_path, timeout=300)
-
-
-def test_a_corrupt_pinned_baseline_fails_before_any_decoding(tmp_path):
+def test_a_corrupt_pinned_baseline_fails_before_any_decoding(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
     (tmp_path / "baseline.json").write_text('{"format": "spot-eval-results/1", "samples": [')
-    run = nightly(tmp_path, suite_file(tmp_path / "s.toml", "spot@8"), "d1", "--baseline", str(tmp_path / "baseline.json"))
+    run = nightly(tmp_path, suite_file(tmp_path / "s.toml", "spot@8"), "d1", "--baseline", str(tmp_path / "baseline.json"),
+                  capsys=capsys)
     assert run.returncode == 2 and "baseline.json is corrupt" in run.stderr and "Traceback" not in run.stderr
     assert not (tmp_path / "reports" / "d1" / "runs").exists()
 

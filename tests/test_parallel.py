@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import free_port, write_checkpoint
+from conftest import free_port, run_cli, write_checkpoint
 from lm_eval.api.instance import Instance
 from mlflow import MlflowClient
 
@@ -75,13 +75,13 @@ def lm_eval_run(launcher: list[str], out: Path, run: str = "run", *extra: str, m
     return subprocess.run(
         [*launcher, "--model", "spot", "--model_args", args, "--tasks", "spot_gsm8k,spot_mbpp", "--limit", "3",
          "--include_path", str(REPO / "tasks"), "--apply_chat_template", "--confirm_run_unsafe_code",
-         "--log_samples", "--output_path", str(out / "lm_eval"), *extra],
+         "--log_samples", "--output_path", str(out / "lm_eval"), "--gen_kwargs", "max_gen_toks=32", *extra],
         capture_output=True, text=True, env=OFFLINE, cwd=out, timeout=900,
     )
 
 
 @pytest.mark.slow
-def test_two_processes_give_the_one_process_evaluation(tmp_path):
+def test_two_processes_give_the_one_process_evaluation(tmp_path, capsys, monkeypatch):
     """Three documents a task on two ranks: lm-eval pads the second rank with a copy of its last request."""
     one, two = tmp_path / "one", tmp_path / "two"
     one.mkdir(), two.mkdir()
@@ -120,8 +120,8 @@ def test_two_processes_give_the_one_process_evaluation(tmp_path):
     assert again.returncode == 0, failure(again.stderr)
     assert again.stderr.count("is unreachable") == 1  # rank 0 alone tracks
     assert not (two / "rerun" / "samples.jsonl").read_text()  # nothing decoded again
-    sync = subprocess.run([str(BIN / "spot-eval"), "sync", "--spool", str(two / "spot-eval-spool"), "--tracking-uri",
-                           f"sqlite:///{two / 'mlflow.db'}"], capture_output=True, text=True, cwd=two, timeout=300)
+    monkeypatch.chdir(two)
+    sync = run_cli(capsys, "sync", "--spool", str(two / "spot-eval-spool"), "--tracking-uri", f"sqlite:///{two / 'mlflow.db'}")
     assert sync.returncode == 0, sync.stderr[-3000:]
     parents = client.search_runs([experiment], "tags.mlflow.runName = 'spot-eval'")
     assert len(parents) == 2 and {p.data.params["world_size"] for p in parents} == {"2"}
@@ -148,6 +148,7 @@ def test_nightly_runs_its_evaluations_on_two_processes(tmp_path):
     assert len(samples) == 3 * 2 and not samples.duplicated(["task", "doc_id", "label"]).any()
 
 
+@pytest.mark.slow
 def test_an_editable_install_carries_the_start_up_line(tmp_path):
     """pip install -e . builds the editable wheel with setuptools' PEP 660 hook; ours adds the .pth."""
     build = subprocess.run([sys.executable, "-c", f"import setuptools.build_meta as b; print(b.build_editable({str(tmp_path)!r}))"],
@@ -159,6 +160,7 @@ def test_an_editable_install_carries_the_start_up_line(tmp_path):
     assert line == "import spot_eval.harness.registration; spot_eval.harness.registration.at_startup()\n"
 
 
+@pytest.mark.slow
 def test_python_dash_m_lm_eval_knows_spot(tmp_path):
     run = subprocess.run([sys.executable, "-m", "lm_eval", "--model", "spot", "--model_args",
                           f"pretrained={write_checkpoint(tmp_path / 'ckpt')},device=cpu,methods=,budgets=,gen_length=20",

@@ -98,7 +98,8 @@ def test_pieces_never_stay_in_the_cache():
 @pytest.mark.parametrize("name", ["sdar-8b-chat", "sdar-4b-chat"])
 def test_real_sdar_configs_map_onto_qwen3(name, tmp_path):
     shutil.copytree(FIXTURES / name, tmp_path / name)
-    config, info = read_checkpoint(tmp_path / name)
+    parsed = read_checkpoint(tmp_path / name)
+    config, info = parsed.config, parsed.info
     raw = json.loads((FIXTURES / name / "config.json").read_text())
     assert info.mask_id == 151669 and info.block_size == raw["block_size"]
     assert info.eos_ids == {151645, 151643}  # generation_config's <|im_end|> and <|endoftext|>

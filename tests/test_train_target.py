@@ -152,7 +152,7 @@ def test_time_cap_stops_early_and_says_so(tmp_path):
 
 
 def test_shipped_target_loads_offline():
-    config, info = read_checkpoint(EMBEDDED_TARGET)
+    info = read_checkpoint(EMBEDDED_TARGET).info
     raw = json.loads((EMBEDDED_TARGET / "config.json").read_text())
     assert raw["model_type"] == "qwen3" and raw["block_size"] == 32 == info.block_size
     assert info.mask_id == raw["mask_token_id"] == SPECIAL_TOKENS.index("<|MASK|>")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 
 import pytest
@@ -73,6 +74,7 @@ def test_rerun_skips_finished_shards_and_redoes_missing_ones(checkpoint, recorde
     assert all(torch.equal(a.states, b.states) for a, b in zip(first, read_blocks(out, "single"), strict=False))
 
 
+@pytest.mark.slow
 def test_worker_processes_write_the_shards_one_process_writes(checkpoint, tmp_path):
     one_thread = torch.get_num_threads()
     torch.set_num_threads(1)  # the workers' thread count, so the float arithmetic is the same
@@ -217,3 +219,17 @@ def test_an_interrupted_write_keeps_the_old_file_and_leaves_no_temporary(tmp_pat
     with pytest.raises(KeyboardInterrupt):
         write_atomically(path, interrupted)
     assert path.read_text() == "whole" and [p.name for p in path.parent.iterdir()] == ["graph.json"]
+
+
+def test_a_write_reaches_the_disk_before_the_rename_and_the_directory_after_it(tmp_path, monkeypatch):
+    synced: list[tuple[str, bool]] = []  # (the path synced, whether the final name existed then)
+    path = tmp_path / "graph.json"
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.append((os.readlink(f"/proc/self/fd/{fd}"), path.exists()))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    write_atomically(path, lambda tmp: tmp.write_text("whole"))
+    assert synced == [(str(tmp_path / f"graph.json.{os.getpid()}.tmp"), False), (str(tmp_path), True)]

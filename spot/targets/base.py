@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Protocol, runtime_checkable
 
 import torch
+from transformers import PreTrainedTokenizerBase
 
 
 @runtime_checkable
@@ -60,6 +61,18 @@ class Target(Protocol):
         positions before the active block (an estimate on the safe side)."""
 
 
+@runtime_checkable
+class LoadedTarget(Target, Protocol):
+    """A target loaded from a checkpoint directory (spot.targets.from_pretrained; block-causal or frozen-cache alike):
+    the protocol, and what the harness reads beside it."""
+
+    model: torch.nn.Module
+    tokenizer: PreTrainedTokenizerBase | None
+    name: str  # the checkpoint directory it was loaded from ("" for a model built in memory)
+    exact: bool  # whether a verify's pieces score bit for bit as one-piece forwards
+    cache: str | None  # a frozen-cache target's decoder (spot.targets.dual_cache.CACHES); None for an exact prefix cache
+
+
 class ModelTarget:
     """What the targets over a transformers model share: the protocol's attributes, counting forwards,
     the embeddings."""
@@ -79,6 +92,7 @@ class ModelTarget:
         self.forwards = 0
         self.hidden: torch.Tensor | None = None
         self.cross_block = False
+        self.cache: str | None = None
 
     def embeddings(self) -> torch.Tensor:
         return self.model.get_input_embeddings().weight

@@ -22,7 +22,6 @@ move by rounding with the piece count (bench/verify_exactness.py).
 from __future__ import annotations
 
 import types
-import warnings
 from pathlib import Path
 
 import torch
@@ -31,7 +30,7 @@ from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeExperts, Qw
 
 from spot.targets.attention import PIECES, PieceLayout
 from spot.targets.base import ModelTarget
-from spot.targets.checkpoint import FAMILIES, load_tokenizer, load_weights, read_checkpoint
+from spot.targets.checkpoint import Checkpoint, load
 from spot.targets.memory import SAFE_FRACTION, free_bytes, layer_row_bytes
 from spot.targets.rows import row_invariant_linears
 from spot.targets.sdar import row_invariant_experts, row_invariant_router, use_sdar_norms
@@ -68,7 +67,7 @@ class BlockCausalTarget(ModelTarget):
     @classmethod
     def from_pretrained(
         cls,
-        path: str | Path,
+        checkpoint: str | Path | Checkpoint,
         block_length: int | None = None,
         device: str | torch.device = "cpu",
         dtype: torch.dtype = torch.float32,
@@ -76,26 +75,13 @@ class BlockCausalTarget(ModelTarget):
         trust_remote_code: bool = False,
         exact: bool = False,
     ) -> BlockCausalTarget:
-        """Load a local SDAR-style checkpoint directory (weights, tokenizer, ids, block size).
+        """Load a local SDAR-style checkpoint directory (weights, tokenizer, ids, block size), or one already parsed.
 
         exact: verify in the per-piece layout (the class docstring), whatever `attn_implementation` says."""
-        if block_length is not None and block_length < 1:
-            raise ValueError(f"block_length must be >= 1, got {block_length}")
-        config, info = read_checkpoint(path)
-        family = FAMILIES[info.model_type]
-        if family.attention != "block_causal":
-            raise ValueError(f"{path} holds a {info.model_type} model, whose attention is {family.attention}: "
-                             "load it with spot.targets.DualCacheTarget (spot.targets.from_pretrained does)")
-        block_length = info.block_size if block_length is None else block_length
-        if block_length != info.block_size:
-            warnings.warn(
-                f"decode block length {block_length} differs from the checkpoint's block_size {info.block_size} "
-                f"({path}); the target was trained for {info.block_size}-token blocks",
-                stacklevel=2,
-            )
-        tokenizer = load_tokenizer(path, config, info.mask_id, trust_remote_code)
-        model = load_weights(path, config, family, dtype, attn_implementation=attn_implementation).to(device)
-        return cls(model, info.mask_id, info.eos_ids, block_length, tokenizer=tokenizer, name=str(path), exact=exact)
+        parts = load(checkpoint, "block_causal", cls.__name__, block_length, device, dtype, trust_remote_code,
+                     attn_implementation=attn_implementation)
+        info = parts.checkpoint.info
+        return cls(parts.model, info.mask_id, info.eos_ids, parts.block_length, parts.tokenizer, info.path, exact)
 
     # -- the Target protocol ----------------------------------------------------------------------
 

@@ -4,6 +4,7 @@ name), the transformers-style classes that hold its weights, and its mask and EO
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -77,7 +78,45 @@ class CheckpointInfo:
     vocab_size: int
 
 
-def read_checkpoint(path: str | Path) -> tuple[PretrainedConfig, CheckpointInfo]:
+@dataclass(frozen=True)
+class Checkpoint:
+    """A checkpoint directory parsed once (`read_checkpoint`); every loader takes this rather than the path, so
+    that config.json and the tokenizer's files are read once however many layers the load passes through."""
+
+    config: PretrainedConfig  # of `family.model`, the class that holds the weights
+    info: CheckpointInfo
+
+    @property
+    def path(self) -> Path:
+        return Path(self.info.path)
+
+    @property
+    def family(self) -> Family:
+        return FAMILIES[self.info.model_type]
+
+
+def parsed(checkpoint: str | Path | Checkpoint) -> Checkpoint:
+    """`checkpoint` as parsed: itself, or its directory read by `read_checkpoint`."""
+    return checkpoint if isinstance(checkpoint, Checkpoint) else read_checkpoint(checkpoint)
+
+
+def decode_block_length(checkpoint: Checkpoint, block_length: int | None) -> int:
+    """The block length to decode with: `block_length`, or the checkpoint's own where it is None. A length the
+    checkpoint was not trained with is allowed (the decode is still exact, only off its training) with a warning."""
+    if block_length is None:
+        return checkpoint.info.block_size
+    if block_length < 1:
+        raise ValueError(f"block_length must be >= 1, got {block_length}")
+    if block_length != checkpoint.info.block_size:
+        warnings.warn(
+            f"decode block length {block_length} differs from the checkpoint's block_size {checkpoint.info.block_size} "
+            f"({checkpoint.path}); the target was trained for {checkpoint.info.block_size}-token blocks",
+            stacklevel=3,
+        )
+    return block_length
+
+
+def read_checkpoint(path: str | Path) -> Checkpoint:
     """Map a block-diffusion checkpoint's config.json to a plain config of the transformers-style class
     that holds its weights, by its model_type (`FAMILIES`): SDAR (dense `sdar`, MoE `sdar_moe`, or an
     SDAR-style Qwen3 one), LLaDA2.0 (`llada2_moe`), LLaDA (`llada`) and Dream (`Dream`).
@@ -140,28 +179,64 @@ def read_checkpoint(path: str | Path) -> tuple[PretrainedConfig, CheckpointInfo]
     )
     if not 0 <= info.mask_id < info.vocab_size:
         raise ValueError(f"{config_file}: mask_token_id {info.mask_id} is outside the vocabulary (size {info.vocab_size})")
-    return config, info
+    return Checkpoint(config, info)
 
 
-def load_tokenizer(path: str | Path, config: PretrainedConfig, mask_id: int, trust_remote_code: bool = False) -> PreTrainedTokenizerBase:
+@dataclass(frozen=True)
+class Loaded:
+    """What a target class needs from its checkpoint (`load`)."""
+
+    checkpoint: Checkpoint
+    block_length: int  # the decode block length (`decode_block_length`)
+    tokenizer: PreTrainedTokenizerBase
+    model: PreTrainedModel
+
+
+def load(
+    checkpoint: str | Path | Checkpoint,
+    attention: str,
+    loader: str,
+    block_length: int | None,
+    device: str | torch.device,
+    dtype: torch.dtype,
+    trust_remote_code: bool = False,
+    **weights,
+) -> Loaded:
+    """A checkpoint's parts, checked the same way for every target class: parsed once, of the family `attention`
+    that the class `loader` decodes, the decode block length, a tokenizer that holds the mask token, the weights."""
+    checkpoint = parsed(checkpoint)
+    if checkpoint.family.attention != attention:
+        other = "BlockCausalTarget" if checkpoint.family.attention == "block_causal" else "DualCacheTarget"
+        raise ValueError(f"{checkpoint.path} holds a {checkpoint.info.model_type} model, whose attention is "
+                         f"{checkpoint.family.attention}, not {loader}'s: load it with spot.targets.{other} "
+                         "(spot.targets.from_pretrained does)")
+    block_length = decode_block_length(checkpoint, block_length)
+    tokenizer = load_tokenizer(checkpoint, trust_remote_code)
+    return Loaded(checkpoint, block_length, tokenizer, load_weights(checkpoint, dtype, **weights).to(device))
+
+
+def load_tokenizer(checkpoint: Checkpoint, trust_remote_code: bool = False) -> PreTrainedTokenizerBase:
     """The directory's tokenizer, checked to hold the mask token the config names (without it the prompt's text
     could never show a mask, and decoded masks would vanish from the output)."""
+    path, mask_id = checkpoint.path, checkpoint.info.mask_id
     # Our config, not the directory's model_type (sdar): transformers would warn that it does not know it.
-    tokenizer = AutoTokenizer.from_pretrained(str(path), config=config, trust_remote_code=trust_remote_code)
+    tokenizer = AutoTokenizer.from_pretrained(str(path), config=checkpoint.config, trust_remote_code=trust_remote_code)
     if tokenizer.convert_ids_to_tokens(mask_id) is None:
         raise ValueError(f"the tokenizer in {path} has no token for mask_token_id {mask_id}; add the mask token to the "
                          "tokenizer (SDAR: <|MASK|>, LLaDA: <|mdm_mask|>)")
     return tokenizer
 
 
-def load_weights(path: str | Path, config: PretrainedConfig, family: Family, dtype: torch.dtype, **kwargs) -> PreTrainedModel:
+def load_weights(checkpoint: Checkpoint, dtype: torch.dtype, **kwargs) -> PreTrainedModel:
     """The family's model with the directory's weights (renamed by its key_mapping).
 
     Raises:
         ValueError naming the weights the model needs and the directory lacks (transformers would
         initialise them at random and only warn)."""
+    path, family = checkpoint.path, checkpoint.family
     model, report = family.model.from_pretrained(
-        str(path), config=config, dtype=dtype, key_mapping=family.key_mapping or None, output_loading_info=True, **kwargs
+        str(path), config=checkpoint.config, dtype=dtype, key_mapping=family.key_mapping or None, output_loading_info=True,
+        **kwargs,
     )
     if report["missing_keys"]:
         missing = sorted(report["missing_keys"])

@@ -41,7 +41,7 @@ from transformers import AttentionInterface, PreTrainedModel, PreTrainedTokenize
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from spot.targets.base import ModelTarget
-from spot.targets.checkpoint import FAMILIES, load_tokenizer, load_weights, read_checkpoint
+from spot.targets.checkpoint import Checkpoint, load
 from spot.targets.memory import SAFE_FRACTION, free_bytes, layer_row_bytes
 from spot.targets.rows import row_invariant_linears
 
@@ -136,23 +136,19 @@ class DualCacheTarget(ModelTarget):
     @classmethod
     def from_pretrained(
         cls,
-        path: str | Path,
+        checkpoint: str | Path | Checkpoint,
         block_length: int | None = None,
         device: str | torch.device = "cpu",
         dtype: torch.dtype = torch.float32,
         cache: str = "dual",
         trust_remote_code: bool = False,
     ) -> DualCacheTarget:
-        """Load a LLaDA or Dream checkpoint directory (weights, tokenizer, ids; block size from the family)."""
-        config, info = read_checkpoint(path)
-        family = FAMILIES[info.model_type]
-        if family.attention != "bidirectional":
-            raise ValueError(f"{path} holds a {info.model_type} model, whose attention is {family.attention}: "
-                             "load it with spot.targets.BlockCausalTarget (spot.targets.from_pretrained does)")
-        tokenizer = load_tokenizer(path, config, info.mask_id, trust_remote_code)
-        model = load_weights(path, config, family, dtype)
-        return cls(model.to(device), info.mask_id, info.eos_ids, block_length or info.block_size, tokenizer=tokenizer,
-                   name=str(path), cache=cache, shift=family.shift)
+        """Load a LLaDA or Dream checkpoint directory (weights, tokenizer, ids; block size from the family), or one
+        already parsed."""
+        parts = load(checkpoint, "bidirectional", cls.__name__, block_length, device, dtype, trust_remote_code)
+        info = parts.checkpoint.info
+        return cls(parts.model, info.mask_id, info.eos_ids, parts.block_length, parts.tokenizer, info.path, cache,
+                   parts.checkpoint.family.shift)
 
     # -- the Target protocol ----------------------------------------------------------------------
 

@@ -11,8 +11,7 @@ import hashlib
 import json
 from pathlib import Path
 
-from spot.targets.block_causal import BlockCausalTarget
-from spot.targets.dual_cache import DualCacheTarget
+from spot.targets.base import LoadedTarget
 
 # What must agree between a drafter and the target it drafts for; "model" (the directory name) is
 # informational, so a copied or renamed target directory still matches.
@@ -47,14 +46,14 @@ def weights_digest(directory: Path) -> str:
     return digest.hexdigest()
 
 
-def target_fingerprint(target: BlockCausalTarget | DualCacheTarget, policy: str) -> dict:
+def target_fingerprint(target: LoadedTarget, policy: str) -> dict:
     """The identity of (target, block length, commit policy) that trajectories and drafters carry."""
     directory = Path(target.name)
     tokenizer = directory / "tokenizer.json"
     if not target.name or not tokenizer.is_file():
         raise ValueError(
             f"cannot fingerprint target {target.name!r}: load it from a model directory with a tokenizer.json "
-            "(BlockCausalTarget.from_pretrained)"
+            "(spot.targets.from_pretrained)"
         )
     return {
         "model": directory.resolve().name,
@@ -62,7 +61,7 @@ def target_fingerprint(target: BlockCausalTarget | DualCacheTarget, policy: str)
         "weights_digest": weights_digest(directory),
         "block_length": target.block_length,
         "policy": policy,
-    } | ({"cache": target.cache} if isinstance(target, DualCacheTarget) else {})
+    } | ({"cache": target.cache} if target.cache is not None else {})
 
 
 def fingerprint_mismatch(recorded: dict, actual: dict) -> list[str]:

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from spot.drafters.spiffy import SpiffyGraph, graph_to_dict, load_graph
-from spot.targets import BlockCausalTarget, DualCacheTarget
+from spot.targets.base import LoadedTarget
 from spot_eval.checkpoints.atomic_file import write_atomically
 from spot_eval.checkpoints.fingerprint import check_fingerprint, target_fingerprint
 
@@ -24,7 +24,7 @@ def write_graph(path: str | Path, graph: SpiffyGraph) -> None:
     write_atomically(path, lambda tmp: tmp.write_text(graph_json(graph)))
 
 
-def graph_for_target(model: BlockCausalTarget | DualCacheTarget, policy: str, path: str | Path) -> SpiffyGraph:
+def graph_for_target(model: LoadedTarget, policy: str, path: str | Path) -> SpiffyGraph:
     """Load the graph at `path` (spot_eval.harness.methods.drafter_file finds the shipped one) and check that it
     was calibrated for this target, block length and policy."""
     path = Path(path)

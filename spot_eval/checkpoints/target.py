@@ -7,7 +7,8 @@ from pathlib import Path
 
 import torch
 
-from spot.targets import BlockCausalTarget, CheckpointInfo, DualCacheTarget, from_pretrained, read_checkpoint
+from spot.targets import Checkpoint, from_pretrained, read_checkpoint
+from spot.targets.base import LoadedTarget
 from spot_eval.checkpoints.fingerprint import weights_digest
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")  # org/name, as the hub spells repository ids
@@ -41,31 +42,33 @@ def resolve_checkpoint(pretrained: str | Path, revision: str | None = None) -> P
         ) from None
 
 
-def checkpoint_info(path: str | Path) -> CheckpointInfo:
-    """What a checkpoint directory says about itself (ids, block size), read without loading weights."""
+def read_target(path: str | Path) -> Checkpoint:
+    """A checkpoint directory parsed (config, ids, block size) without loading weights: the one parse that
+    `load_target` and everything else that asks about the checkpoint share."""
     if not Path(path).is_dir():
         raise FileNotFoundError(f"target {path} is not a directory; pass --pretrained PATH to a model directory")
-    return read_checkpoint(path)[1]
+    return read_checkpoint(path)
 
 
 def load_target(
-    path: str | Path,
+    checkpoint: str | Path | Checkpoint,
     block_length: int | None,
     device: str = "cpu",
     exact: bool = False,
     dtype: torch.dtype | None = None,
     cache: str | None = None,
-) -> BlockCausalTarget | DualCacheTarget:
-    """The target in a checkpoint directory (`resolve_checkpoint` finds one), as its family decodes it
-    (spot.targets.from_pretrained); dtype: float32 on a CPU and bfloat16 elsewhere unless given; cache: a
-    bidirectional target's frozen-cache decoder (dual by default, spot.targets.dual_cache)."""
-    checkpoint_info(path)
+) -> LoadedTarget:
+    """The target in a checkpoint directory (`resolve_checkpoint` finds one; or as `read_target` parsed it), as its
+    family decodes it (spot.targets.from_pretrained); dtype: float32 on a CPU and bfloat16 elsewhere unless given;
+    cache: a bidirectional target's frozen-cache decoder (dual by default, spot.targets.dual_cache)."""
+    if not isinstance(checkpoint, Checkpoint):
+        checkpoint = read_target(checkpoint)
     if dtype is None:
         dtype = torch.float32 if str(device).startswith("cpu") else torch.bfloat16
-    return from_pretrained(path, block_length=block_length, device=device, dtype=dtype, exact=exact, cache=cache)
+    return from_pretrained(checkpoint, block_length=block_length, device=device, dtype=dtype, exact=exact, cache=cache)
 
 
-def encode_prompt(target: BlockCausalTarget | DualCacheTarget, prompt: str, chat: bool) -> list[int]:
+def encode_prompt(target: LoadedTarget, prompt: str, chat: bool) -> list[int]:
     tokenizer = target.tokenizer
     if chat:
         if not getattr(tokenizer, "chat_template", None):

@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from spot import DecodeConfig, Sampling, generate
-from spot_eval.checkpoints.target import checkpoint_info, encode_prompt, load_target
+from spot_eval.checkpoints.target import encode_prompt, load_target, read_target
 from spot_eval.harness.methods import AUTO, KNOWN, MAX_BUDGET, MethodSpec, build_drafter, drafter_file
 from spot_eval.harness.profile import auto_sizing, drafter_seconds
 from spot_eval.harness.settings import resolve_device
@@ -59,11 +59,12 @@ def decode_prompt(
         raise ValueError(f"method {method} needs --budget >= 1 (draft nodes per verify forward) or auto, got {budget}")
     # Everything is checked before the weights load.
     device = resolve_device("--device", device, fall_back=False)
+    checkpoint = read_target(target)  # the one parse of the checkpoint (load_target below takes it)
     config = DecodeConfig(
         policy=policy,
         threshold=threshold,
         steps=steps,
-        block_length=checkpoint_info(target).block_size if block_length is None else block_length,
+        block_length=checkpoint.info.block_size if block_length is None else block_length,
         gen_length=gen_length,
         sampling=Sampling(temperature=temperature, top_k=top_k, top_p=top_p),
         seed=seed,
@@ -74,7 +75,7 @@ def decode_prompt(
     if spec is not None:
         drafter_file(spec, config.block_length, config.policy)
         config = spec.config(config)  # a lossy method's acceptance rule, checked against the policy
-    model = load_target(target, block_length, device, exact, dtype, cache)
+    model = load_target(checkpoint, block_length, device, exact, dtype, cache)
     ids = encode_prompt(model, prompt, chat)
     decode = model.tokenizer.decode
     drafter = None

@@ -23,7 +23,7 @@ from tqdm import tqdm
 from spot import DecodeConfig, Sampling, generate
 from spot.targets.dual_cache import CACHES
 from spot_eval.checkpoints.shipped import EMBEDDED_TARGET
-from spot_eval.checkpoints.target import checkpoint_info, load_target, resolve_checkpoint, target_id
+from spot_eval.checkpoints.target import load_target, read_target, resolve_checkpoint, target_id
 from spot_eval.execution.sandbox import SandboxError, confinement
 from spot_eval.harness import settings
 from spot_eval.harness.lossless import MethodRecord
@@ -48,7 +48,7 @@ class SpotArgs:
     cross_block: bool = False  # a drafted node that finishes its block carries the next block's first state (lossless)
     steps: int | None = None  # SDAR's denoising_steps per block, for static and dynamic
     block_length: int | None = None
-    gen_length: int = 256
+    gen_length: int = 256  # where a task names no max_gen_toks (a task's wins, and --gen_kwargs max_gen_toks=N over both)
     temperature: float = 0.0
     top_p: float = 1.0
     top_k: int = 0
@@ -119,7 +119,8 @@ class SpotLM(LM):
         self._device = torch.device(device)
         dtype = settings.resolve_dtype("dtype", args.dtype, device)
         path = resolve_checkpoint(args.pretrained, args.revision)
-        block_length = checkpoint_info(path).block_size if args.block_length is None else args.block_length
+        checkpoint = read_target(path)  # the one parse of the checkpoint (load_target below takes it)
+        block_length = checkpoint.info.block_size if args.block_length is None else args.block_length
         self.config = args.decode_config(block_length)
         if self.config.gen_length < block_length:
             raise ValueError(
@@ -141,7 +142,7 @@ class SpotLM(LM):
             if args.threads < 1:
                 raise ValueError(f"threads={args.threads}: use threads >= 1 (1 on a machine shared with other work)")
             torch.set_num_threads(args.threads)
-        self.target = load_target(path, args.block_length, device, args.exact, dtype, args.cache)
+        self.target = load_target(checkpoint, args.block_length, device, args.exact, dtype, args.cache)
         self._drafters = {s.label: build_drafter(s, self.target, self.config.policy, threshold=self.config.threshold)
                           for s in self.specs if not s.needs_reference}
         self._sizings, profile = self._auto_sizings()
@@ -217,7 +218,7 @@ class SpotLM(LM):
             return
         stamp = json.dumps(
             {"target": self.target.name, "decoder": _config_dict(self.config), "exact": self.args.exact}
-            | ({"cache": self.target.cache} if hasattr(self.target, "cache") else {}),
+            | ({"cache": self.target.cache} if self.target.cache is not None else {}),
             sort_keys=True,
         )
         found = store.get(CACHE_STAMP)

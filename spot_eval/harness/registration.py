@@ -49,8 +49,13 @@ def is_lm_eval_cli(argv: list[str], orig_argv: list[str]) -> bool:
 
 
 def cli_startup() -> None:
-    """Register, and turn our bad-input errors into one `error:` line (exit 2) instead of a traceback."""
+    """Register, and turn our bad-input errors into one `error:` line (exit 2) instead of a traceback. A run of
+    `--model spot` also keeps lm-eval's index of its task library between runs (spot_eval.harness.task_index)."""
     register()
+    if runs_spot(sys.argv):
+        from spot_eval.harness import task_index
+
+        task_index.install()
     default_hook = sys.excepthook
 
     def hook(kind, error, tb):
@@ -61,6 +66,11 @@ def cli_startup() -> None:
         default_hook(kind, error, tb)
 
     sys.excepthook = hook
+
+
+def runs_spot(argv: list[str]) -> bool:
+    """Whether lm-eval's command line names `--model spot`."""
+    return any(a == "--model=spot" or (a == "--model" and argv[i + 1 : i + 2] == ["spot"]) for i, a in enumerate(argv))
 
 
 def _frames(tb):

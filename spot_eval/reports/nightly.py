@@ -140,6 +140,8 @@ def lm_eval_command(suite: Suite, temperature: float, seed: int, run_dir: Path, 
         *lm_eval_executable(suite), "--model", "spot", "--model_args", model_args, "--tasks", ",".join(suite.tasks),
         "--include_path", suite.include_path, "--apply_chat_template", "--confirm_run_unsafe_code",
         "--limit", str(suite.limit), "--log_samples", "--output_path", str(run_dir / "lm_eval"),
+        # A task's max_gen_toks wins over the model's gen_length (lm-eval's rule): the suite's length caps every task.
+        "--gen_kwargs", f"max_gen_toks={suite.gen_length}",
     ]
 
 

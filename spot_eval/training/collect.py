@@ -29,7 +29,7 @@ import torch
 
 from spot import DecodeConfig, Sampling, generate
 from spot.drafters.set_model import Projection
-from spot.targets import BlockCausalTarget, DualCacheTarget
+from spot.targets.base import LoadedTarget
 from spot_eval.checkpoints.fingerprint import target_fingerprint
 from spot_eval.checkpoints.target import encode_prompt, load_target
 from spot_eval.training.corpus import SOURCES, Pair, training_pairs
@@ -178,7 +178,7 @@ class ShardDecoder:
     hidden: Projection | None = None  # records the hidden states projected on it (settings.hidden_dims)
     raw_hidden: bool = False  # records them unprojected (to fit the projection on)
 
-    def __call__(self, model: BlockCausalTarget | DualCacheTarget, first: int, count: int) -> DecodedShard:
+    def __call__(self, model: LoadedTarget, first: int, count: int) -> DecodedShard:
         s, k = self.settings, model.block_length
         records: list[BlockRecord] = []
         requests = skipped = 0
@@ -254,7 +254,7 @@ def _decode_shards(todo, decoder, model, target, block_length, device, dtype, ca
             yield *jobs[job], shard, seconds
 
 
-_WORKER: tuple[BlockCausalTarget | DualCacheTarget, ShardDecoder] | None = None
+_WORKER: tuple[LoadedTarget, ShardDecoder] | None = None
 
 
 def _start_worker(target: str, block_length: int | None, device: str, dtype, cache: str | None, threads: int,

@@ -33,8 +33,7 @@ import torch
 
 from spot import BlockTrace, DecodeConfig, generate
 from spot.drafters.spiffy import Formula, GraphNode, SpiffyGraph, position_order
-from spot.targets import BlockCausalTarget, DualCacheTarget
-from spot.targets.base import Target
+from spot.targets.base import LoadedTarget, Target
 from spot_eval.checkpoints.fingerprint import target_fingerprint
 from spot_eval.checkpoints.spiffy_graph import write_graph
 from spot_eval.checkpoints.target import encode_prompt, load_target
@@ -121,7 +120,7 @@ def replay(target: Target, prompts: Sequence[Sequence[int]], config: DecodeConfi
     return traces
 
 
-def calibration_prompts(model: BlockCausalTarget | DualCacheTarget, n: int, seed: int, gen_length: int, chat: bool) -> list[list[int]]:
+def calibration_prompts(model: LoadedTarget, n: int, seed: int, gen_length: int, chat: bool) -> list[list[int]]:
     """ceil(n/2) MATH-train and floor(n/2) MBPP-train prompts, each source a seeded shuffle; prompts
     that do not fit the model's positions with gen_length are passed over."""
     out: list[list[int]] = []
