@@ -32,6 +32,7 @@ def checkpoint(tmp_path_factory) -> str:
     return str(write_checkpoint(tmp_path_factory.mktemp("lm") / "ckpt"))
 
 
+@pytest.mark.slow
 def test_the_real_lm_eval_console_script_runs_spot(checkpoint, tmp_path):
     lm_eval = shutil.which("lm_eval", path=str(Path(os.sys.executable).parent))
     args = f"pretrained={checkpoint},methods=oracle+random,budgets=4,gen_length=32,device=cpu,temperature=1.0"
@@ -50,7 +51,8 @@ def test_the_real_lm_eval_console_script_runs_spot(checkpoint, tmp_path):
     run_dir = next(tmp_path.glob("spot-eval-runs/*"))
     run_json = json.loads((run_dir / "run.json").read_text())
     assert run_json["decoder"]["gen_length"] == 32
-    assert run_json["sandbox"] == {"seccomp": True, "landlock_abi": run_json["sandbox"]["landlock_abi"], "namespaces": True}
+    assert run_json["sandbox"] == {"seccomp": True, "landlock_abi": run_json["sandbox"]["landlock_abi"], "namespaces": True,
+                                   "disk_bytes": 64 << 20, "gaps": []}
     outcomes = [json.loads(line) for line in (run_dir / "outcomes.jsonl").open()]
     assert {(o["doc_id"], o["filter"], o["metric"]) for o in outcomes} == {
         (d, f, "exact_match") for d in (0, 1) for f in ("strict-match", "flexible-extract")}
@@ -89,6 +91,7 @@ def lm_eval_runs_losslessly(pretrained: Path, tmp_path: Path) -> None:
     assert len(samples) == 6 and all(s["lossless"] for s in samples)
 
 
+@pytest.mark.slow
 def test_use_cache_resumes_and_refuses_another_decoder_config(checkpoint, tmp_path):
     common = ["--model", "spot", "--tasks", "spot_gsm8k", "--include_path", str(REPO / "tasks"), "--limit", "2",
               "--use_cache", str(tmp_path / "cache")]
@@ -101,12 +104,14 @@ def test_use_cache_resumes_and_refuses_another_decoder_config(checkpoint, tmp_pa
     assert other.returncode == 2 and "Use a separate --use_cache path per configuration" in other.stderr
 
 
+@pytest.mark.slow
 def test_code_tasks_need_the_unsafe_code_flag(checkpoint, tmp_path):
     run = run_lm_eval("--model", "spot", "--model_args", f"pretrained={checkpoint},methods=,budgets=,device=cpu",
                       "--tasks", "spot_mbpp", "--include_path", str(REPO / "tasks"), "--limit", "1", cwd=tmp_path)
     assert run.returncode == 2 and "add --confirm_run_unsafe_code" in run.stderr and "Traceback" not in run.stderr
 
 
+@pytest.mark.slow
 def test_bad_model_args_are_one_clear_line(checkpoint, tmp_path):
     lm_eval = shutil.which("lm_eval", path=str(Path(os.sys.executable).parent))
     run = subprocess.run(

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import re
+import struct
 import time
 from pathlib import Path
 
 import pytest
 
-from spot_eval.execution import sandbox
+from spot_eval.execution import sandbox, syscalls
 from spot_eval.execution.sandbox import Limits, Outcome, SandboxError, run, run_many
 
 FAST = Limits(timeout_s=5.0)
@@ -151,14 +153,74 @@ def test_this_machine_grants_every_layer() -> None:
     """The CI machine (Linux 6.18) has seccomp, Landlock and unprivileged namespaces; elsewhere the report
     says which layer is missing (tests/test_sandbox_attacks.py checks what each one stops)."""
     granted = sandbox.confinement()
-    assert granted.seccomp and granted.landlock_abi >= 1 and granted.namespaces
+    assert granted.seccomp and granted.landlock_abi >= 1 and granted.namespaces and granted.disk_bytes == Limits().disk_bytes
+    assert granted.gaps() == []
+    assert sandbox.Confinement(True, 0, False, 0).gaps() == [
+        "no Landlock: the program's reads and writes are not confined to its directory",
+        "no unprivileged namespaces: /proc shows other processes, and the network is the host's",
+        "no tmpfs: only each file's size is capped, not the total the program writes"]
     assert granted.as_params()["sandbox/landlock_abi"] == granted.landlock_abi
 
 
-def test_seccomp_filter_layout() -> None:
-    code = sandbox._seccomp_filter("x86_64")
-    # arch load, arch check, foreign-ABI deny, nr load, x32 check, one check per denied call, allow, deny
-    denied = len(sandbox._DENIED_SYSCALLS["x86_64"][1])
-    assert len(code) == 8 * (4 + 1 + denied + 2)
-    with pytest.raises(SandboxError, match="riscv64"):
-        sandbox._seccomp_filter("riscv64")
+def run_filter(code: bytes, machine: str, nr: int, arg1: int = 0, arch: int | None = None) -> int:
+    """The verdict of a classic-BPF seccomp program on one system call (the opcodes syscalls.py emits)."""
+    # struct seccomp_data: nr, arch, instruction_pointer, args[6] (the request is ioctl's args[1])
+    data = struct.pack("iIQ6Q", nr, syscalls.AUDIT_ARCH[machine] if arch is None else arch, 0, 0, arg1, 0, 0, 0, 0)
+    program = [struct.unpack_from("HBBI", code, 8 * i) for i in range(len(code) // 8)]
+    pc, accumulator = 0, 0
+    while True:
+        op, jt, jf, k = program[pc]
+        if op == syscalls.RET_K:
+            return k
+        if op == syscalls.LD_W_ABS:
+            accumulator, pc = struct.unpack_from("I", data, k)[0], pc + 1
+        else:
+            taken = accumulator == k if op == syscalls.JEQ_K else accumulator >= k
+            pc += 1 + (jt if taken else jf)
+
+
+@pytest.mark.parametrize("machine", ["x86_64", "aarch64"])
+def test_the_seccomp_filter_allows_only_its_list(machine: str) -> None:
+    code, numbers = syscalls.seccomp_filter(machine), syscalls.NUMBERS[machine]
+    allowed = syscalls.allowed(machine)
+    for name, nr in allowed.items():
+        if name != "ioctl":
+            assert run_filter(code, machine, nr) == syscalls.RET_ALLOW, name
+    refused = {"x86_64": {"socket": 41, "socketpair": 53, "connect": 42, "clone": 56, "fork": 57, "execve": 59, "kill": 62,
+                          "ptrace": 101, "unlink": 87, "rename": 82, "pipe": 22, "prctl": 157, "io_uring_setup": 425,
+                          "io_uring_enter": 426, "bpf": 321, "userfaultfd": 323, "perf_event_open": 298, "keyctl": 250,
+                          "add_key": 248, "memfd_create": 319, "unshare": 272, "mount": 165, "clone3": 435},
+               "aarch64": {"socket": 198, "socketpair": 199, "connect": 203, "clone": 220, "execve": 221, "kill": 129,
+                           "ptrace": 117, "unlinkat": 35, "renameat2": 276, "pipe2": 59, "prctl": 167, "io_uring_setup": 425,
+                           "io_uring_enter": 426, "bpf": 280, "userfaultfd": 282, "perf_event_open": 241, "keyctl": 219,
+                           "add_key": 217, "memfd_create": 279, "unshare": 97, "mount": 40, "clone3": 435}}[machine]
+    assert not set(refused) & set(allowed)
+    for name, nr in refused.items():
+        assert run_filter(code, machine, nr) == syscalls.RET_EPERM, name
+    unlisted = [nr for nr in range(512) if nr not in allowed.values()]
+    assert all(run_filter(code, machine, nr) == syscalls.RET_EPERM for nr in unlisted)  # a call added next year too
+    ioctl = numbers["ioctl"]
+    assert [run_filter(code, machine, ioctl, request) for request in syscalls.IOCTLS.values()] == [syscalls.RET_ALLOW] * 4
+    assert run_filter(code, machine, ioctl, 0x541B) == syscalls.RET_EPERM  # FIONREAD
+    assert run_filter(code, machine, numbers["read"], arch=0x40000003) == syscalls.RET_EPERM  # i386 (int 0x80)
+    if machine == "x86_64":
+        assert run_filter(code, machine, 0x40000000 | numbers["read"]) == syscalls.RET_EPERM  # the x32 ABI
+
+
+@pytest.mark.parametrize(("machine", "header"), [
+    ("x86_64", Path("/usr/include/x86_64-linux-gnu/asm/unistd_64.h")),
+    ("aarch64", Path("/usr/include/asm-generic/unistd.h")),
+])
+def test_the_syscall_numbers_are_the_kernels(machine: str, header: Path) -> None:
+    if not header.is_file():
+        pytest.skip(f"{header} is not installed (Debian: linux-libc-dev)")
+    defined = {m[1]: int(m[2]) for m in re.finditer(r"#define __NR(?:3264)?_(\w+)\s+(\d+)", header.read_text())}
+    spelled = {"newfstatat": "fstatat"} if machine == "aarch64" else {}  # asm-generic's __NR3264_fstatat
+    for name, nr in syscalls.NUMBERS[machine].items():
+        assert defined[spelled.get(name, name)] == nr, name
+    assert set(syscalls.NUMBERS[machine]) <= {n for group in syscalls.GROUPS.values() for n in group}
+
+
+def test_an_unknown_architecture_is_refused() -> None:
+    with pytest.raises(syscalls.UnknownArchitecture, match="riscv64"):
+        syscalls.seccomp_filter("riscv64")

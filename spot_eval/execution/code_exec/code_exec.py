@@ -31,7 +31,8 @@ _CITATION = """@article{chen2021codex,
 _INPUTS = """
 Args:
     predictions: list of lists of candidate programs, one list per problem.
-    references: list of test programs, one per problem, run after each candidate (they fail by raising).
+    references: list of test programs, one per problem, run after each candidate (they fail by raising), in a
+        namespace of their own with guarded assertions (spot_eval.execution.assertions).
     k: the k of pass@k to report; pass@k is left out when a problem has fewer than k candidates.
     timeout_s: wall-clock (and CPU) seconds each candidate may run.
     workers: how many candidates run at once.
@@ -76,12 +77,10 @@ class CodeExec(evaluate.Metric):
             confinement()  # refuse, with the reason, where nothing can be confined; once per process
         except SandboxError as err:
             raise ValueError(str(err)) from None
-        programs = [
-            f"{candidate}\n{test}"
-            for candidates, test in zip(predictions, references, strict=True)
-            for candidate in candidates
-        ]
-        flat = iter(run_many(programs, Limits(timeout_s=timeout_s), workers=workers))
+        # Each candidate runs, then its problem's tests in a namespace of their own, with assertions that an object
+        # the candidate returns cannot decide (spot_eval.execution.assertions).
+        pairs = [(candidate, test) for candidates, test in zip(predictions, references, strict=True) for candidate in candidates]
+        flat = iter(run_many([c for c, _ in pairs], Limits(timeout_s=timeout_s), workers, tests=[t for _, t in pairs]))
         outcomes = [[next(flat) for _ in candidates] for candidates in predictions]
         counts = [
             (len(problem), sum(o.passed for o in problem)) for problem in outcomes
