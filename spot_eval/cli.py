@@ -42,8 +42,8 @@ def _target(args: argparse.Namespace) -> tuple[str, object]:
     from spot_eval.checkpoints.target import resolve_checkpoint
     from spot_eval.harness.settings import resolve_device, resolve_dtype
 
-    dtype = resolve_dtype("--dtype", args.dtype, resolve_device("--device", args.device, fall_back=False))
-    return str(resolve_checkpoint(args.pretrained, args.revision)), dtype
+    dtype = resolve_dtype("--dtype", args.dtype, resolve_device("--device", args.device))
+    return str(resolve_checkpoint(args.pretrained, args.revision, option="--pretrained")), dtype
 
 
 def _threads_flag(p: argparse.ArgumentParser, text: str = "torch CPU threads (default: torch's choice)") -> None:
@@ -420,9 +420,10 @@ def _sync_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _sync(args: argparse.Namespace) -> None:
-    from spot_eval.tracking.store import TrackingUnavailable
+    from spot_eval.tracking.store import TrackingUnavailable, check_uri
     from spot_eval.tracking.sync import sync
 
+    check_uri("--tracking-uri", args.tracking_uri)
     try:
         for line in sync(args.spool, args.tracking_uri):
             print(line, flush=True)
@@ -461,7 +462,9 @@ def _nightly_flags(p: argparse.ArgumentParser) -> None:
 
 def _nightly(args: argparse.Namespace) -> None:
     from spot_eval.reports.nightly import NightlyError, load_suite, nightly
+    from spot_eval.tracking.store import check_uri
 
+    check_uri("--tracking-uri", args.tracking_uri)
     log = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
     try:
         suite = load_suite(args.suite)
@@ -488,7 +491,9 @@ def _compare(args: argparse.Namespace) -> None:
     from spot_eval.reports.compare import write_comparison
     from spot_eval.reports.history import HistoryError, evaluation_bundle
     from spot_eval.reports.results import combine, read_any
+    from spot_eval.tracking.store import check_uri
 
+    check_uri("--tracking-uri", args.tracking_uri)
     if not args.results and not args.experiment:
         raise ValueError("compare needs --experiment NAME (MLflow) or --results FILE... (bundles or run directories)")
     bundle = None

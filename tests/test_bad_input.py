@@ -15,12 +15,15 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import write_checkpoint
 
 from spot.targets.block_causal import BlockCausalTarget
 from spot_eval.checkpoints.shipped import shipped_drafter
 from spot_eval.cli import main
 from spot_eval.harness import lm
+from spot_eval.harness.settings import resolve_device
+from spot_eval.tracking.store import check_uri
 
 SPIFFY_GRAPH = str(shipped_drafter("spiffy", 32))
 SPOT_CHECKPOINT = str(shipped_drafter("spot", 32))
@@ -61,7 +64,8 @@ CLI_CASES = [
     ([*DECODE, "--top-p", "1.5"], "top_p must be in (0, 1]"),
     ([*DECODE, "--threshold", "1.5"], "threshold must be in (0, 1]"),
     ([*DECODE, "--threshold", "nan"], "threshold must be a finite number"),
-    ([*DECODE, "--device", "foo"], "--device='foo' is not a device; use cpu, cuda or cuda:N"),
+    ([*DECODE, "--device", "foo"], "--device='foo' is not a device; use auto, cpu, cuda or cuda:N"),
+    ([*DECODE, "--device", "mps"], "--device='mps': spot decodes on cpu or cuda devices"),
     ([*DECODE, "--device", "cuda"], "--device='cuda' but this torch has no usable CUDA; use --device=cpu"),
     ([*DECODE, "--method", "random", "--budget", "-1"], "needs --budget >= 1"),
     ([*DECODE, "--budget", "abc"], "--budget must be a whole number or auto, got 'abc'"),
@@ -87,7 +91,7 @@ CLI_CASES = [
     ([*DECODE, "--method", "nope"], "unknown method 'nope'"),
     ([*DECODE, "--budget", "3"], "method draft_free takes no budget or --drafter"),
     ([*DECODE, "--unmasking", "greedy"], "unknown unmasking policy 'greedy'"),
-    ([*DECODE, "--target", "/nowhere"], "target /nowhere is not a directory"),
+    ([*DECODE, "--target", "/nowhere"], "--pretrained /nowhere is not a directory, nor a hub id"),
     (["collect", "--out", "x", "--prompts", "0"], "--prompts (0), --shard-size (32), --topk (32) and --workers (1) must be >= 1"),
     (["collect", "--out", "x", "--prompts", "2", "--workers", "0"], "--workers (0) must be >= 1"),
     (["collect", "--out", "x", "--prompts", "2", "--temperatures", "a,b"], "--temperatures takes comma-separated numbers"),
@@ -99,6 +103,9 @@ CLI_CASES = [
     (["spiffy-calibrate", "--out", "g.json", "--prompts", "0"], "--prompts (0), --max-nodes (10), --max-depth (6) and --topk (8) must be >= 1"),
     (["spiffy-calibrate", "--out", "g.json", "--seed", "-5"], "seed must be in [0, 2**32)"),
     (["nightly", "--suite", "/nowhere.toml"], "suite file /nowhere.toml does not exist"),
+    (["nightly", "--tracking-uri", "garbage"], "--tracking-uri='garbage' is not a tracking URI that MLflow can open"),
+    (["compare", "--experiment", "e", "--tracking-uri", "garbage"], "--tracking-uri='garbage' is not a tracking URI"),
+    (["sync", "--tracking-uri", "htps://x"], "--tracking-uri='htps://x' is not a tracking URI"),
     (["compare"], "compare needs --experiment NAME (MLflow) or --results FILE..."),
     (["train-target", "--out", "t", "--steps", "0"], "steps must be >= 1, got 0"),
     (["nonsense"], "argument command: invalid choice: 'nonsense'"),
@@ -139,7 +146,11 @@ LM_CASES = [
     ({"top_p": 0}, "top_p must be in (0, 1]"),
     ({"threshold": 2}, "threshold must be in (0, 1]"),
     ({"seed": 4294967296}, "seed must be in [0, 2**32), got 4294967296"),
-    ({"device": "foo"}, "device='foo' is not a device; use cpu, cuda or cuda:N"),
+    ({"device": "foo"}, "device='foo' is not a device; use auto, cpu, cuda or cuda:N"),
+    ({"device": "cuda:7"}, "device='cuda:7' but "),  # no CUDA here, or fewer than 8 devices
+    ({"device": "mps"}, "device='mps': spot decodes on cpu or cuda devices"),
+    ({"mlflow_tracking_uri": "garbage"}, "mlflow_tracking_uri='garbage' is not a tracking URI that MLflow can open"),
+    ({"mlflow_tracking_uri": "sqlit:///x.db"}, "mlflow_tracking_uri='sqlit:///x.db' is not a tracking URI"),
     ({"dtype": "int4"}, "unknown dtype 'int4'; choose auto, float32, bfloat16, float16"),
     ({"budgets": -1.0}, "method 'spot': budget must be >= 1, got -1"),
     ({"budgets": "abc"}, "budgets='abc' is not a whole number"),
@@ -164,7 +175,7 @@ LM_CASES = [
     ({"methods": f"spot:{SPIFFY_GRAPH}"}, "is not an order-model checkpoint"),
     ({"methods": f"spiffy@3:{SPOT_CHECKPOINT}"}, "is not a Spiffy graph"),
     ({"unmasking": "greedy"}, "unknown unmasking policy 'greedy'"),
-    ({"pretrained": "/nowhere"}, "target /nowhere is not a directory"),
+    ({"pretrained": "/nowhere"}, "pretrained=/nowhere is not a directory, nor a hub id"),
     ({"nonsense": 1}, "unknown model_args nonsense"),
     ({"threads": 0}, "threads=0: use threads >= 1"),
     ({"threads": 1.5}, "threads=1.5 is not a whole number"),
@@ -199,6 +210,8 @@ OFFLINE = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
         ("temperature=inf", "error: temperature must be a finite number, got inf"),
         ("budgets=-1", "error: method 'spot': budget must be >= 1, got -1"),
         ("output_dir={file}", "is an existing file; name a directory"),
+        ("device=cuda:7", "error: device='cuda:7' but "),
+        ("mlflow_tracking_uri=garbage", "error: mlflow_tracking_uri='garbage' is not a tracking URI"),
     ],
 )
 def test_the_real_lm_eval_command_prints_one_line_and_exits_2(model_args, message, tmp_path):
@@ -206,7 +219,7 @@ def test_the_real_lm_eval_command_prints_one_line_and_exits_2(model_args, messag
     existing = tmp_path / "a-file"
     existing.write_text("x")
     run = subprocess.run(
-        [lm_eval, "--model", "spot", "--model_args", "device=cpu," + model_args.format(file=existing),
+        [lm_eval, "--model", "spot", "--model_args", ("" if "device=" in model_args else "device=cpu,") + model_args.format(file=existing),
          "--tasks", "spot_gsm8k", "--include_path", str(Path(__file__).parent.parent / "tasks"), "--limit", "1"],
         capture_output=True, text=True, env=OFFLINE, cwd=tmp_path, timeout=300,
     )
@@ -214,3 +227,18 @@ def test_the_real_lm_eval_command_prints_one_line_and_exits_2(model_args, messag
     errors = [line for line in run.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and message in errors[0] and "Traceback" not in run.stderr
     assert not (tmp_path / "mlflow.db").exists()  # no MLflow run was opened
+
+
+@pytest.mark.parametrize("uri", ["sqlite:///mlflow.db", "sqlite:////abs/m.db", "http://127.0.0.1:5000", "https://mlflow.example.com",
+                                 "file:///tmp/mlruns", "file:mlruns", "postgresql://u:p@h/db", "postgresql+psycopg2://u@h/db",
+                                 "mysql+pymysql://u@h/db", "databricks", "databricks://profile", "/abs/mlruns", "./mlruns",
+                                 "runs/mlruns", "~/mlruns", None])
+def test_tracking_uris_mlflow_opens_are_accepted(uri):
+    check_uri("mlflow_tracking_uri", uri)
+
+
+def test_a_device_this_machine_lacks_is_refused_and_auto_picks_one_it_has():
+    expected = "cuda:0" if torch.cuda.is_available() else "cpu"
+    assert resolve_device("device", "auto") == expected
+    with pytest.raises(ValueError, match=f"device='cuda:{torch.cuda.device_count()}' but"):
+        resolve_device("device", f"cuda:{torch.cuda.device_count()}")

@@ -36,7 +36,7 @@ def test_lm_eval_runs_a_cached_hub_id_offline_and_names_the_fetch_for_an_uncache
                              capture_output=True, text=True, env=offline(tmp_path / "hf"), cwd=tmp_path, timeout=300)
     assert missing.returncode == 2 and "Traceback" not in missing.stderr
     [line] = [line for line in missing.stderr.splitlines() if line.startswith("error:")]
-    assert "checkpoint JetLM/SDAR-8B-Chat-b32 is not in the Hugging Face cache" in line
+    assert "pretrained=JetLM/SDAR-8B-Chat-b32 is not in the Hugging Face cache" in line
     assert line.endswith("hf download JetLM/SDAR-8B-Chat-b32")
 
 

@@ -20,11 +20,18 @@ from spot.policy import Margins
 from spot_eval.harness.lm import SpotArgs, SpotLM
 from spot_eval.harness.lossless import diverge, first_difference
 from spot_eval.harness.methods import parse_methods
+from spot_eval.harness.session import RequestRecord
 from spot_eval.reports.regression import describe
 from spot_eval.reports.results import read_run
 
 REPO = Path(__file__).resolve().parents[1]
 OFFLINE = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+
+
+@pytest.fixture(autouse=True)
+def in_tmp_path(tmp_path, monkeypatch):
+    """Every SpotLM of these tests opens its MLflow store and run directory in its own folder, never a shared one."""
+    monkeypatch.chdir(tmp_path)
 
 
 @pytest.fixture(scope="module")
@@ -101,7 +108,7 @@ def test_use_cache_resumes_and_refuses_another_decoder_config(checkpoint, tmp_pa
     again = run_lm_eval(*common, "--model_args", args, cwd=tmp_path)
     assert again.returncode == 0 and "Cached requests: 2" in again.stderr
     other = run_lm_eval(*common, "--model_args", args + ",block_length=32", cwd=tmp_path)
-    assert other.returncode == 2 and "Use a separate --use_cache path per configuration" in other.stderr
+    assert other.returncode == 2 and "written under other settings (block_length: 16 there, 32 here); use a separate --use_cache path" in other.stderr
 
 
 @pytest.mark.slow
@@ -165,6 +172,40 @@ def test_the_cache_hook_sees_every_request_and_model_info_names_the_config(check
     assert info["decoder"]["block_length"] == 16 and info["methods"] == ["oracle@3", "random@3"]
 
 
+class DictCache:
+    """lm-eval's CacheHook over a plain dict (its `dbdict` is a SqliteDict with the same interface)."""
+
+    def __init__(self, dbdict: dict) -> None:
+        self.dbdict = dbdict
+
+    def add_partial(self, attr, req, res) -> None:
+        pass
+
+
+@pytest.mark.parametrize(("overrides", "named"), [
+    ({"methods": "random", "budgets": "4"}, 'methods: ["oracle@3", "random@3"] there, ["random@4"] here'),
+    ({"temperature": 1.0}, "temperature: 0.0 there, 1.0 here"), ({"seed": 7}, "seed: 0 there, 7 here"),
+    ({"dtype": "bfloat16"}, 'dtype: "float32" there, "bfloat16" here'), ({"exact": True}, "exact: false there, true here"),
+    ({"unmasking": "threshold"}, 'policy: "single" there, "threshold" here'), ({"gen_length": 64}, "gen_length: 32 there, 64 here"),
+])
+def test_a_cache_written_under_other_settings_is_refused_naming_them(checkpoint, overrides, named):
+    store: dict = {}
+    make_lm(checkpoint).set_cache_hook(DictCache(store))
+    make_lm(checkpoint).set_cache_hook(DictCache(store))  # the same settings: reused
+    with pytest.raises(ValueError, match="written under other settings") as err:
+        make_lm(checkpoint, **overrides).set_cache_hook(DictCache(store))
+    assert named in str(err.value)
+
+
+def test_records_kept_in_the_cache_come_back_as_they_were(checkpoint):
+    lm, store = make_lm(checkpoint), {}
+    lm.set_cache_hook(DictCache(store))
+    lm.generate_until([request("t1 t2", 0)])
+    [kept] = [v for k, v in store.items() if k.startswith("spot-eval/record/")]
+    [decoded] = lm.session.records
+    assert RequestRecord.from_json(kept) == replace(decoded, resumed=True)
+
+
 @pytest.mark.parametrize(
     "overrides, message",
     [
@@ -186,12 +227,10 @@ def test_bad_model_args(checkpoint, overrides, message):
         make_lm(checkpoint, **overrides)
 
 
-def test_cuda_falls_back_to_cpu_with_a_warning(checkpoint):
-    if torch.cuda.is_available():
-        pytest.skip("CUDA is available here")
-    with pytest.warns(UserWarning, match="CUDA is not available; running on CPU"):
-        lm = make_lm(checkpoint, device="cuda:0", methods="", budgets="")
-    assert lm.target.device.type == "cpu"
+def test_the_default_device_is_one_this_machine_has(checkpoint, recwarn):
+    lm = make_lm(checkpoint, methods="", budgets="", device="auto")
+    assert lm.target.device.type == ("cuda" if torch.cuda.is_available() else "cpu") and not recwarn.list
+    assert lm.args.device == "auto" and SpotArgs().device == "auto"
 
 
 def test_method_items_expand_over_budgets():

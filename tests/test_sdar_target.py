@@ -258,7 +258,7 @@ def test_a_hub_id_resolves_offline_from_the_cache_and_an_uncached_one_names_the_
     with pytest.raises(FileNotFoundError) as err:
         resolve_checkpoint("JetLM/SDAR-8B-Chat-b32", revision="v1")
     message = str(err.value)
-    assert "checkpoint JetLM/SDAR-8B-Chat-b32 at revision v1 is not in the Hugging Face cache" in message
+    assert "pretrained=JetLM/SDAR-8B-Chat-b32 at revision v1 is not in the Hugging Face cache" in message
     assert "HF_HUB_OFFLINE=1" in message and message.endswith("hf download JetLM/SDAR-8B-Chat-b32 --revision v1")
     with pytest.raises(FileNotFoundError, match="is not a directory, nor a hub id"):
         resolve_checkpoint("no/such/thing")

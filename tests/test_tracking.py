@@ -20,7 +20,9 @@ from conftest import free_port, write_checkpoint
 from mlflow import MlflowClient
 
 from spot_eval.cli import main
+from spot_eval.tracking import writer
 from spot_eval.tracking.spool import Spool
+from spot_eval.tracking.sync import sync
 from spot_eval.tracking.writer import NullTracker, Tracker, TrackingConfig, open_tracker, resume, safe_name
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -165,6 +167,67 @@ def test_default_store_is_sqlite_in_the_working_directory(tmp_path, monkeypatch)
     assert not (tmp_path / "spot-eval-spool").exists()  # no outage: the spool entry is gone, and the empty spool with it
     with pytest.raises(KeyError, match="no open run"):
         resume(run_id)
+
+
+def _die(tracker) -> None:
+    """What a SIGKILL leaves of an evaluation: its run RUNNING in the store, its journal and an unheld lock."""
+    writer._OPEN.pop(tracker.run_id)
+    spool = tracker._session.spool
+    spool._journal.close()
+    spool._lock.close()
+
+
+def test_a_run_whose_process_died_is_ended_by_the_next_run_or_by_sync(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    config = TrackingConfig(tracking_uri=uri, experiment="deaths", spool_dir=str(tmp_path / "spool"))
+    first = open_tracker(config)
+    _die(first)
+    client = MlflowClient(uri)
+    assert client.get_run(first.run_id).info.status == "RUNNING"
+    assert client.get_run(first.run_id).data.tags["spot_eval.pid"] == str(os.getpid())
+    # The same process cannot be dead: pretend the run was opened by a pid that is gone.
+    client.set_tag(first.run_id, "spot_eval.pid_started", "0")
+    with pytest.warns(RuntimeWarning) as caught:
+        second = open_tracker(config)
+    said = " ".join(str(w.message) for w in caught)
+    assert f"MLflow run {first.run_id} was still RUNNING" in said and "removed the spool entry" in said
+    run = client.get_run(first.run_id)
+    assert run.info.status == "FAILED" and "ended by a later run" in run.data.tags["spot_eval.ended_by"]
+    assert [p for p in (tmp_path / "spool").iterdir()] == [second._session.spool.path]  # only the live one's
+    second.end()
+
+    third = open_tracker(config)  # dies too; this time `spot-eval sync` finds its journal
+    _die(third)
+    client.set_tag(third.run_id, "spot_eval.pid_started", "0")
+    lines = list(sync(tmp_path / "spool"))
+    assert len(lines) == 1 and "logged to the tracking store live" in lines[0]
+    assert f"its run {third.run_id} was still RUNNING and is now FAILED" in lines[0]
+    assert client.get_run(third.run_id).info.status == "FAILED" and not (tmp_path / "spool").exists()
+
+
+ENDS = """
+import sys, time
+from spot_eval.tracking.writer import TrackingConfig, open_tracker
+tracker = open_tracker(TrackingConfig(tracking_uri=sys.argv[1], experiment="ends"))
+print(tracker.run_id, flush=True)
+if sys.argv[2] == "raise":
+    raise RuntimeError("the evaluation broke")
+time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize(("how", "status"), [("raise", "FAILED"), ("SIGTERM", "KILLED")])
+def test_a_run_ends_failed_on_an_exception_and_killed_on_sigterm(how, status, tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    process = subprocess.Popen([sys.executable, "-c", ENDS, uri, how], cwd=tmp_path, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    run_id = process.stdout.readline().strip()
+    if how == "SIGTERM":
+        process.send_signal(signal.SIGTERM)
+    process.communicate(timeout=60)
+    assert process.returncode == (1 if how == "raise" else 128 + signal.SIGTERM)
+    assert MlflowClient(uri).get_run(run_id).info.status == status
 
 
 @pytest.mark.slow

@@ -14,10 +14,12 @@ from spot_eval.checkpoints.fingerprint import weights_digest
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")  # org/name, as the hub spells repository ids
 
 
-def resolve_checkpoint(pretrained: str | Path, revision: str | None = None) -> Path:
+def resolve_checkpoint(pretrained: str | Path, revision: str | None = None, option: str = "pretrained") -> Path:
     """The local directory of a checkpoint: `pretrained` itself when it is a directory, else the snapshot
     of the hub id `pretrained` (at `revision`) in the Hugging Face cache. Where the hub is reachable a
     missing snapshot is downloaded; with HF_HUB_OFFLINE=1 only the cache is read.
+
+    option: how the user set it (lm_eval's model_arg `pretrained`, or spot-eval's `--pretrained`), for the errors.
 
     Raises:
         FileNotFoundError: one line naming the checkpoint and the command that fetches it.
@@ -25,8 +27,9 @@ def resolve_checkpoint(pretrained: str | Path, revision: str | None = None) -> P
     if Path(pretrained).is_dir():
         return Path(pretrained)
     name = str(pretrained)
+    said = f"{option} {name}" if option.startswith("--") else f"{option}={name}"
     if not _HUB_ID.match(name):
-        raise FileNotFoundError(f"target {name} is not a directory, nor a hub id (org/name); pass a model directory or a hub id")
+        raise FileNotFoundError(f"{said} is not a directory, nor a hub id (org/name); pass a model directory or a hub id")
     from huggingface_hub import constants, snapshot_download
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, OfflineModeIsEnabled
 
@@ -37,7 +40,7 @@ def resolve_checkpoint(pretrained: str | Path, revision: str | None = None) -> P
         fetch = f"hf download {name}" + (f" --revision {revision}" if revision else "")
         why = "HF_HUB_OFFLINE=1" if constants.HF_HUB_OFFLINE else f"the hub did not answer: {type(err).__name__}"
         raise FileNotFoundError(
-            f"checkpoint {name}{at} is not in the Hugging Face cache ({constants.HF_HUB_CACHE}) and cannot be fetched "
+            f"{said}{at} is not in the Hugging Face cache ({constants.HF_HUB_CACHE}) and cannot be fetched "
             f"here ({why}); fetch it once where the hub is reachable, with the same HF_HOME: {fetch}"
         ) from None
 
@@ -46,7 +49,7 @@ def read_target(path: str | Path) -> Checkpoint:
     """A checkpoint directory parsed (config, ids, block size) without loading weights: the one parse that
     `load_target` and everything else that asks about the checkpoint share."""
     if not Path(path).is_dir():
-        raise FileNotFoundError(f"target {path} is not a directory; pass --pretrained PATH to a model directory")
+        raise FileNotFoundError(f"{path} is not a model directory; pass one as pretrained=PATH (spot-eval: --pretrained PATH)")
     return read_checkpoint(path)
 
 

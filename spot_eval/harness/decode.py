@@ -58,7 +58,7 @@ def decode_prompt(
     if method != DRAFT_FREE and budget < 1:
         raise ValueError(f"method {method} needs --budget >= 1 (draft nodes per verify forward) or auto, got {budget}")
     # Everything is checked before the weights load.
-    device = resolve_device("--device", device, fall_back=False)
+    device = resolve_device("--device", device)
     checkpoint = read_target(target)  # the one parse of the checkpoint (load_target below takes it)
     config = DecodeConfig(
         policy=policy,

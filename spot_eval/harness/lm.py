@@ -31,6 +31,7 @@ from spot_eval.harness.methods import MAX_BUDGET, MethodSpec, build_drafter, dra
 from spot_eval.harness.parallel import Ranks
 from spot_eval.harness.profile import Refitted, auto_sizing, drafter_seconds, verify_profile
 from spot_eval.harness.session import RequestRecord, Session
+from spot_eval.tracking.store import check_uri
 from spot_eval.tracking.writer import TrackingConfig, open_tracker
 
 
@@ -55,7 +56,7 @@ class SpotArgs:
     seed: int = 0
     reference: bool = True
     fail_on_divergence: bool = True
-    device: str = "cuda:0"
+    device: str = "auto"  # cuda:0 where CUDA is usable, else cpu; a device this machine lacks is refused
     dtype: str = "auto"
     cache: str | None = None  # LLaDA/Dream: the KV frozen per block, dual | prefix | none | nosuffix (spot.targets.dual_cache)
     exact: bool = False  # verify in the per-piece layout: speculative tokens equal draft-free bit for bit in any dtype
@@ -111,7 +112,8 @@ class SpotLM(LM):
         self.args = args = SpotArgs.parse(kwargs)
         self.batch_size = int(batch_size) if str(batch_size).isdigit() else 1  # one request at a time
         # Everything that can be checked is checked before the weights load and the MLflow run opens.
-        device = settings.resolve_device("device", args.device, fall_back=True)
+        device = settings.resolve_device("device", args.device)
+        check_uri("mlflow_tracking_uri", args.mlflow_tracking_uri)
         self.ranks = Ranks.from_environment(device)  # under accelerate launch: this process's share of the requests
         self._rank, self._world_size = self.ranks.rank, self.ranks.world_size
         if device.startswith("cuda") and self.ranks.world_size > 1:
@@ -146,11 +148,12 @@ class SpotLM(LM):
         self._drafters = {s.label: build_drafter(s, self.target, self.config.policy, threshold=self.config.threshold)
                           for s in self.specs if not s.needs_reference}
         self._sizings, profile = self._auto_sizings()
+        self._target_id = target_id(args.pretrained, path)
         # One MLflow run for the whole evaluation: rank 0's; the other ranks hand their records to it.
         tracking = TrackingConfig(self.args.mlflow_tracking_uri, self.args.mlflow_experiment)
         tracker = open_tracker(tracking if self.ranks.main else None)
         run = {"model_args": asdict(self.args), "decoder": _config_dict(self.config),
-               "lm_eval_version": _lm_eval_version(), "target_id": target_id(args.pretrained, path),
+               "lm_eval_version": _lm_eval_version(), "target_id": self._target_id,
                "sandbox": _sandbox(), "world_size": self.ranks.world_size, "profile": profile}
         tracker.log_params({**_flatten({"model_args": run["model_args"], "decoder": run["decoder"],
                                         "sandbox": run["sandbox"], "profile": profile or {}}),
@@ -158,6 +161,7 @@ class SpotLM(LM):
                             **_flatten(self._fingerprints())})
         self.session = Session(self.args, self._fingerprints(), tracker, self.args.output_dir, run, self.ranks)
         self._repeat = Counter()
+        self._store = None  # lm-eval's --use_cache file, once set_cache_hook hands it over
 
     def _auto_sizings(self) -> tuple[dict[str, Refitted], dict | None]:
         """budget=auto's inputs per auto method: this device's verify-cost profile (cached, or measured
@@ -210,25 +214,67 @@ class SpotLM(LM):
         )
 
     def set_cache_hook(self, cache_hook) -> None:
-        """lm-eval's `--use_cache` keys requests by (prompt, gen_kwargs) only, so one cache file must
-        hold one decoder configuration: the first run stamps it, a run with another one is refused."""
+        """lm-eval's `--use_cache` keys requests by (prompt, gen_kwargs) only, so one cache file must hold one
+        configuration: the first run stamps it with every setting that changes a response or a record, and a
+        run with another one is refused, naming the settings that differ. Beside each response the cache then
+        holds the request's records (`_keep`), from which a rerun reports the requests it does not decode."""
         super().set_cache_hook(cache_hook)
         store = getattr(cache_hook, "dbdict", None)
         if store is None:
             return
-        stamp = json.dumps(
-            {"target": self.target.name, "decoder": _config_dict(self.config), "exact": self.args.exact}
-            | ({"cache": self.target.cache} if self.target.cache is not None else {}),
-            sort_keys=True,
-        )
+        stamp = self._stamp()
         found = store.get(CACHE_STAMP)
         if found is None:
-            store[CACHE_STAMP] = stamp
-        elif found != stamp:
-            raise ValueError(
-                f"the --use_cache file was written with another target or decoder config ({found}); "
-                f"this run uses {stamp}. Use a separate --use_cache path per configuration."
-            )
+            store[CACHE_STAMP] = json.dumps(stamp, sort_keys=True)
+        else:
+            recorded = _stamp_fields(found)
+            differ = sorted(k for k in recorded.keys() | stamp.keys() if recorded.get(k) != stamp.get(k))
+            if differ:
+                said = "; ".join(f"{k}: {json.dumps(recorded.get(k))} there, {json.dumps(stamp.get(k))} here" for k in differ)
+                raise ValueError(f"the --use_cache file was written under other settings ({said}); use a separate "
+                                 "--use_cache path per configuration")
+        self._store = store
+
+    def _stamp(self) -> dict:
+        """The settings a cached response and its records depend on, flat."""
+        config = _config_dict(self.config)
+        config = {**{k: v for k, v in config.items() if not isinstance(v, dict)},
+                  **{k: v for part in config.values() if isinstance(part, dict) for k, v in part.items()}}  # sampling's
+        return {
+            "target": self._target_id, "revision": self.args.revision, "dtype": str(self.target.model.dtype).removeprefix("torch."),
+            "exact": self.args.exact, "cache": self.target.cache, "methods": [s.label for s in self.specs],
+            "drafters": self._fingerprints()["drafters"], **{k: config[k] for k in sorted(config)},
+        }
+
+    def finish(self, results: dict | None, tasks: dict | None = None) -> None:
+        """After lm-eval scored the outputs (registration wraps lm-eval's evaluate to call this): the records of
+        the requests lm-eval answered from its cache join those decoded here, then the session writes the run."""
+        self.session.records.extend(self._resumed(tasks))
+        self.session.finish(results, tasks)
+
+    def _keep(self, req, record: RequestRecord) -> None:
+        if self._store is not None:
+            self._store[_record_key(req.args, record.repeat)] = record.to_json()
+
+    def _resumed(self, tasks: dict | None) -> list[RequestRecord]:
+        """The records of this rank's requests that an earlier process decoded (lm-eval answered them from its
+        cache, so they never reached generate_until here). Raises where one is missing."""
+        if self._store is None or tasks is None:
+            return []
+        decoded = {(r.task, r.doc_id, r.repeat) for r in self.session.records}
+        records = []
+        for inst in _instances(tasks):
+            for repeat in range(inst.repeats):
+                if (inst.task_name, inst.doc_id, repeat) in decoded:
+                    continue
+                found = self._store.get(_record_key(inst.args, repeat))
+                if found is None:
+                    raise ValueError(
+                        f"lm-eval answered {inst.task_name} doc {inst.doc_id} from its --use_cache file, which holds no "
+                        "spot-eval record of it (the file predates record keeping); rerun with a fresh --use_cache path"
+                    )
+                records.append(RequestRecord.from_json(found))
+        return records
 
     def get_model_info(self) -> dict:
         return {"spot": {"decoder": _config_dict(self.config), "methods": [s.label for s in self.specs], **self._fingerprints()}}
@@ -263,6 +309,7 @@ class SpotLM(LM):
             record = self._decode(req, context, dict(gen_kwargs))
             texts[id(req)] = record.text
             out.append(record.text)
+            self._keep(req, record)  # before the response: a cached response always has its record
             self.cache_hook.add_partial("generate_until", req.args, record.text)
             running.tokens += len(record.methods[0].token_ids)
             for m in record.methods:
@@ -315,6 +362,30 @@ class SpotLM(LM):
 
 
 CACHE_STAMP = "spot-eval/decoder-config"
+
+
+def _record_key(args: tuple, repeat: int) -> str:
+    """Where a request's record sits in lm-eval's cache: beside its response, keyed the way lm-eval keys it."""
+    from lm_eval.api.model import hash_args
+
+    return f"spot-eval/record/{hash_args('generate_until', args)}/{repeat}"
+
+
+def _stamp_fields(found: str) -> dict:
+    """A cache file's stamp as flat settings (files stamped before the flat form: target, decoder, exact)."""
+    raw = json.loads(found)
+    if "decoder" in raw and isinstance(raw["decoder"], dict):
+        raw = {**{k: v for k, v in raw.items() if k != "decoder"}, **raw["decoder"]}
+    return raw
+
+
+def _instances(tasks: dict):
+    """Every generate_until instance of lm-eval's task dict (groups nest their tasks as dicts)."""
+    for value in tasks.values():
+        if isinstance(value, dict):
+            yield from _instances(value)
+        else:
+            yield from (i for i in getattr(value, "instances", ()) if i.request_type == "generate_until")
 
 
 def _request_id(task: str | None, doc_id: int | None, repeat: int) -> int:

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -91,6 +93,21 @@ def register() -> None:
         task_log.addFilter(_OwnDatasets())
     if not getattr(lm_eval.evaluator.evaluate, "_spot_wrapped", False):
         lm_eval.evaluator.evaluate = _reporting(lm_eval.evaluator.evaluate)
+    lm_eval.evaluator.get_git_commit_hash = quiet_git_hash
+
+
+def quiet_git_hash() -> str | None:
+    """lm-eval's `get_git_commit_hash` without git's "fatal: not a git repository" on the terminal when the run
+    is not in a checkout: `git describe --always` in the working directory, else lm-eval's own fallback."""
+    from lm_eval.loggers.utils import get_commit_from_path
+
+    try:
+        done = subprocess.run(["git", "describe", "--always"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        done = None
+    if done is not None and done.returncode == 0:
+        return done.stdout.strip()
+    return get_commit_from_path(os.getcwd())
 
 
 class _OwnDatasets(logging.Filter):
@@ -115,7 +132,7 @@ def _reporting(evaluate):
                 "programs (spot_eval runs them in a sandboxed subprocess)."
             ) from None
         inner = getattr(lm, "lm", lm)  # unwrap lm-eval's CachingLM
-        finish = getattr(getattr(inner, "session", None), "finish", None)
+        finish = getattr(inner, "finish", None) if hasattr(inner, "session") else None
         if callable(finish):
             finish(results, kwargs.get("task_dict", args[0] if args else None))
         return results

@@ -29,7 +29,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from spot_eval.harness.lossless import MethodRecord
+from spot.policy import Margins
+from spot_eval.harness.lossless import Divergence, MethodRecord
 from spot_eval.harness.parallel import ONE_PROCESS, Ranks
 from spot_eval.harness.rescore import score_texts
 from spot_eval.reports.plots import accepted_histogram, throughput_bars
@@ -46,14 +47,31 @@ class RequestRecord:
     request: int
     prompt_sha256: str
     text: str
-    methods: list[MethodRecord]  # draft_free first
+    methods: list[MethodRecord]  # draft_free first, every method decoded back to back in one process
+    resumed: bool = False  # decoded by an earlier process of this evaluation, read back from lm-eval's cache
+
+    def to_json(self) -> str:
+        return json.dumps({**asdict(self), "resumed": False})
+
+    @classmethod
+    def from_json(cls, text: str, resumed: bool = True) -> RequestRecord:
+        """A record `to_json` wrote (by an earlier process: `resumed`)."""
+        raw = json.loads(text)
+        methods = []
+        for m in raw.pop("methods"):
+            d = m.pop("divergence")
+            if d is not None:
+                d = Divergence(**{**d, "margins": None if d["margins"] is None else Margins(**d["margins"])})
+            methods.append(MethodRecord(**{**m, "token_ids": tuple(m["token_ids"]),
+                                           "accepted_lengths": tuple(m["accepted_lengths"]), "divergence": d}))
+        return cls(**{**raw, "methods": methods, "resumed": resumed})
 
     def rows(self) -> list[dict]:
         """One flat row per method, as written to samples.jsonl."""
         out = []
         for m in self.methods:
             row = {"task": self.task, "doc_id": self.doc_id, "repeat": self.repeat, "request": self.request,
-                   "prompt_sha256": self.prompt_sha256, "label": m.label, **asdict(m)}
+                   "prompt_sha256": self.prompt_sha256, "resumed": self.resumed, "label": m.label, **asdict(m)}
             row["tokens"] = len(m.token_ids)
             row["lossless"] = m.lossless
             row["mean_tree_size"] = m.mean_tree_size
@@ -153,8 +171,11 @@ class Session:
         """Write what is known so far (called after every generate_until batch; rank 0 only)."""
         if not self.ranks.main:
             return self.out_dir / "samples.jsonl"
+        resumed = sum(r.resumed for r in self.records)
         run = {**self.settings, "fingerprints": self.fingerprints, "mlflow_run_id": self.tracker.run_id,
-               "mlflow_tracking_uri": getattr(self.tracker, "uri", None)}
+               "mlflow_tracking_uri": getattr(self.tracker, "uri", None),
+               # requests read back from lm-eval's cache (--use_cache): decoded and timed by an earlier process
+               "requests": len(self.records), "resumed_requests": resumed}
         rows = [json.dumps(row) + "\n" for r in self.records for row in r.rows()]
         summary = self.summary()
 
@@ -235,7 +256,8 @@ class Session:
                     run.log_metrics({
                         safe_name(prefix + k): float(row[k]) for k in (
                             "forward_ratio", "throughput_ratio", "tokens_per_forward", "lossless", "token_divergence",
-                            "accepted_mean", "mean_tree_size", "forwards", "seconds", "drafter_seconds", "tokens", "requests")
+                            "accepted_mean", "mean_tree_size", "forwards", "seconds", "drafter_seconds", "tokens", "requests",
+                            "resumed")
                     })
                 if rows.lossy.any():
                     run.set_tags({LOSSY_TAG: "true"})

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import re
-import warnings
 from pathlib import Path
 
 import torch
@@ -52,23 +51,26 @@ def as_float(name: str, value: object) -> float:
         raise ValueError(f"{name}={value!r} is not a number") from None
 
 
-def resolve_device(name: str, value: str, fall_back: bool) -> str:
-    """A torch device string that exists here. Asked for CUDA without CUDA: CPU with a warning when
-    `fall_back` (lm-eval's own default is cuda:0), else an error."""
+def resolve_device(name: str, value: str) -> str:
+    """A torch device string that exists here: auto is cuda:0 where CUDA is usable, else cpu. A device this
+    machine does not have (CUDA without CUDA, a CUDA index past the visible ones, MPS) is refused, never
+    replaced by another: a run meant for a GPU must not quietly measure a CPU."""
+    if value == "auto":
+        return "cuda:0" if torch.cuda.is_available() else "cpu"
     try:
         device = torch.device(str(value))
     except RuntimeError:
-        raise ValueError(f"{name}={value!r} is not a device; use cpu, cuda or cuda:N") from None
+        raise ValueError(f"{name}={value!r} is not a device; use auto, cpu, cuda or cuda:N") from None
     if device.type == "cuda":
         if not torch.cuda.is_available():
-            if fall_back:
-                warnings.warn(f"device {value} requested but CUDA is not available; running on CPU", stacklevel=3)
-                return "cpu"
-            raise ValueError(f"{name}={value!r} but this torch has no usable CUDA; use {name}=cpu")
+            raise ValueError(f"{name}={value!r} but this torch has no usable CUDA; use {name}=cpu (or auto)")
         if device.index is not None and device.index >= torch.cuda.device_count():
-            raise ValueError(f"{name}={value!r} but only {torch.cuda.device_count()} CUDA device(s) are visible")
+            raise ValueError(f"{name}={value!r} but only {torch.cuda.device_count()} CUDA device(s) are visible "
+                             f"(cuda:0 to cuda:{torch.cuda.device_count() - 1}); pick one of them or set CUDA_VISIBLE_DEVICES")
     elif device.type != "cpu":
-        raise ValueError(f"{name}={value!r}: spot decodes on cpu or cuda devices")
+        available = device.type == "mps" and torch.backends.mps.is_available()
+        raise ValueError(f"{name}={value!r}: spot decodes on cpu or cuda devices"
+                         f"{'' if available else f' (and this machine has no {device.type})'}; use {name}=cpu")
     return str(device)
 
 

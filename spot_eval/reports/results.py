@@ -200,7 +200,9 @@ def summarize(samples: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     """Per keys + label: sums over the requests, and ratios against draft-free on the same keys.
 
     throughput_ratio is draft-free seconds / method seconds (summed), forward_ratio likewise with
-    target forwards: the SPOT paper's definitions. lossy: the method differs from draft-free by design
+    target forwards: the SPOT paper's definitions. Every request's methods are decoded back to back in one
+    process, so each request's draft-free and speculative seconds were measured side by side, whether in this
+    process or (resumed: the count of requests read back from lm-eval's cache) in an earlier one. lossy: the method differs from draft-free by design
     (max-commit), so 1 - lossless is its divergence rate over requests and token_divergence (mean over
     requests) over output positions, not a failure.
     """
@@ -214,8 +216,9 @@ def summarize(samples: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     df["lossy"] = df["lossy"].eq(True) if "lossy" in df.columns else False
     if "token_divergence" not in df.columns:
         df["token_divergence"] = float("nan")
+    df["resumed"] = df["resumed"].eq(True) if "resumed" in df.columns else False  # older runs resumed nothing
     grouped = df.groupby([*keys, "label"], sort=False).agg(
-        requests=("forwards", "size"), tokens=("tokens", "sum"), forwards=("forwards", "sum"),
+        requests=("forwards", "size"), resumed=("resumed", "sum"), tokens=("tokens", "sum"), forwards=("forwards", "sum"),
         seconds=("seconds", "sum"), drafter_seconds=("drafter_seconds", "sum"),
         lossless=("lossless", "mean"), lossy=("lossy", "max"), token_divergence=("token_divergence", "mean"),
         accepted_mean=("accepted_mean", "mean"), draft_nodes=("draft_nodes", lambda x: x.sum(min_count=1)), verifies=("verifies", "sum"),

@@ -33,6 +33,27 @@ class TrackingUnavailable(ConnectionError):
     """The tracking store cannot be reached (or failed while `sync` replayed into it)."""
 
 
+# What MLflow can open: its own schemes, SQLAlchemy's database URLs (dialect[+driver]://), and local paths.
+URI_SCHEMES = ("file", "sqlite", "http", "https", "postgresql", "mysql", "mssql", "databricks", "databricks-uc")
+
+
+def check_uri(name: str, uri: str | None) -> None:
+    """Refuse a tracking URI that MLflow cannot open before anything runs (None: the default store). Accepted:
+    file:, sqlite:, http(s):, postgresql:/mysql:/mssql: (with or without a +driver), databricks, and plain paths
+    (absolute, or ./ ~/ ../ relative, or with a directory in them)."""
+    if uri is None or uri in ("databricks", "databricks-uc"):
+        return
+    if "://" in uri or uri.startswith("file:"):
+        if uri.split(":", 1)[0].split("+", 1)[0].lower() in URI_SCHEMES:
+            return
+    elif uri.startswith(("/", "./", "../", "~")) or "/" in uri:
+        return
+    raise ValueError(
+        f"{name}={uri!r} is not a tracking URI that MLflow can open; use sqlite:///mlflow.db, http(s)://host:port, "
+        "file:///path/to/mlruns, postgresql://..., mysql://..., databricks, or a path (./mlruns)"
+    )
+
+
 def resolve_uri(tracking_uri: str | None) -> str:
     """The URI with relative sqlite paths made absolute, so `spot-eval sync` works from any directory."""
     uri = tracking_uri or "sqlite:///mlflow.db"

@@ -23,7 +23,7 @@ from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
 
 from spot_eval.tracking.spool import Spool
 from spot_eval.tracking.store import TrackingUnavailable, client_env, experiment_id, first_use, unreachable
-from spot_eval.tracking.writer import TrackingConfig
+from spot_eval.tracking.writer import TrackingConfig, end_dead_run
 
 REPLAYED = "replayed"  # ids of the runs a cut-short sync created, one a line
 
@@ -48,11 +48,13 @@ def _sync_entry(entry: Path, tracking_uri: str | None) -> str:
         if not free:
             return f"skipped {entry.name}: an evaluation is still writing it"
         records = Spool.read(entry)
-        if not any(r["op"] == "outage" for r in records):
-            # The process died with the store reachable: the store has every call already.
-            shutil.rmtree(entry)
-            return f"removed {entry.name}: it was logged to the tracking store live, nothing to replay"
         header = records[0]
+        if not any(r["op"] == "outage" for r in records):
+            # The process died with the store reachable: the store has every call already, but its runs may
+            # still say RUNNING.
+            shutil.rmtree(entry)
+            return f"removed {entry.name}: it was logged to the tracking store live, nothing to replay" + _end_live(
+                tracking_uri or header["tracking_uri"], header["experiment"], records)
         uri = tracking_uri or header["tracking_uri"]
         if reason := unreachable(uri):
             raise TrackingUnavailable(
@@ -77,6 +79,21 @@ def _sync_entry(entry: Path, tracking_uri: str | None) -> str:
         f"synced {entry.name}: run {ids[start['run']]} ({start['name']!r}, {len(ids) - 1} nested runs) "
         f"into {uri}, experiment {header['experiment']!r}"
     )
+
+
+def _end_live(uri: str, experiment: str, records: list[dict[str, Any]]) -> str:
+    """End the runs of a live-logged journal whose process died (its lock was free) that are still RUNNING."""
+    if unreachable(uri):
+        return ""
+    try:
+        with client_env():
+            client = MlflowClient(uri)
+            found = client.get_experiment_by_name(experiment)
+            ended = [r["server_id"] for r in records if r["op"] == "start" and r["parent"] is None and r["server_id"]
+                     and found and end_dead_run(client, found.experiment_id, r["server_id"])]
+    except (MlflowException, OSError):
+        return ""
+    return "".join(f"; its run {run_id} was still RUNNING and is now FAILED" for run_id in ended)
 
 
 def _replay(

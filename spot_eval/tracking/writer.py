@@ -14,8 +14,14 @@ the whole run from it.
 from __future__ import annotations
 
 import atexit
+import os
 import re
+import shutil
+import signal
+import socket
 import subprocess
+import sys
+import threading
 import time
 import uuid
 import warnings
@@ -144,6 +150,72 @@ def git_commit() -> str:
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
+
+
+HOST, PID, PID_STARTED = "spot_eval.host", "spot_eval.pid", "spot_eval.pid_started"
+ENDED_BY = "spot_eval.ended_by"
+
+
+def process_tags() -> dict[str, str]:
+    """Which process runs the evaluation: what a later run checks to know that it died (`end_orphans`)."""
+    return {HOST: socket.gethostname(), PID: str(os.getpid()), PID_STARTED: _started(os.getpid()) or ""}
+
+
+def _started(pid: int) -> str | None:
+    """A process's start time in clock ticks since boot (/proc/<pid>/stat field 22), which tells a reused pid from
+    the process that had it; None where there is no such process."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def _alive(tags: dict[str, str]) -> bool:
+    """Whether the process named by a run's process tags still runs (on another host: assumed so)."""
+    if tags.get(HOST) != socket.gethostname() or not tags.get(PID, "").isdigit():
+        return True
+    return _started(int(tags[PID])) == tags.get(PID_STARTED)
+
+
+def end_orphans(client: MlflowClient, experiment_id: str, run_name: str, spool_dir: Path) -> list[str]:
+    """End, as FAILED with a tag saying why, the runs named `run_name` that are still RUNNING although the process
+    that opened them on this host is gone (SIGKILL, power loss), with their nested runs; and clear the spool
+    journals such processes left: one that logged live (no outage) duplicates the store and is removed, one
+    that spooled waits for `spot-eval sync`. Returns one line per thing done or left."""
+    lines, dead = [], []
+    query = f"attributes.status = 'RUNNING' and tags.mlflow.runName = '{run_name}' and tags.`{HOST}` = '{socket.gethostname()}'"
+    for run in client.search_runs([experiment_id], query, max_results=1000):
+        if not _alive(run.data.tags):
+            dead.append(run.info.run_id)
+    for entry in sorted(p for p in spool_dir.iterdir() if p.is_dir()) if spool_dir.is_dir() else []:
+        with Spool.claim(entry) as free:
+            if not free:
+                continue  # an evaluation is writing it
+            records = Spool.read(entry)
+            if any(r["op"] == "outage" for r in records):
+                lines.append(f"spot-eval: the spool entry {entry} of an evaluation that ended during a tracking outage "
+                             f"waits to be synced: run `spot-eval sync --spool {spool_dir}`")
+                continue
+            dead += [r["server_id"] for r in records if r["op"] == "start" and r["parent"] is None and r["server_id"]]
+            shutil.rmtree(entry)
+            lines.append(f"spot-eval: removed the spool entry {entry} of an evaluation whose process died; it had "
+                         "logged to the tracking store live")
+    for run_id in dict.fromkeys(dead):
+        lines += end_dead_run(client, experiment_id, run_id)
+    return lines
+
+
+def end_dead_run(client: MlflowClient, experiment_id: str, run_id: str) -> list[str]:
+    """End a RUNNING run whose process is gone, and its RUNNING nested runs, as FAILED with a tag saying why."""
+    why = "its process ended without ending the run (killed, or the machine went down); ended by a later run"
+    if client.get_run(run_id).info.status != "RUNNING":
+        return []
+    children = client.search_runs([experiment_id], f"tags.mlflow.parentRunId = '{run_id}' and attributes.status = 'RUNNING'")
+    for run in [*children, client.get_run(run_id)]:
+        client.set_tag(run.info.run_id, ENDED_BY, why)
+        client.set_terminated(run.info.run_id, "FAILED")
+    return [f"spot-eval: MLflow run {run_id} was still RUNNING but {why.split(';')[0]}: marked FAILED"]
 
 
 class _Session:
@@ -306,7 +378,17 @@ def open_tracker(config: TrackingConfig | None) -> Tracker:
         uri, Spool(entry, {"tracking_uri": uri, "experiment": config.experiment, "time": _now_ms()})
     )
     session.connect(config.experiment)
+    if session.client is not None:
+        try:
+            with client_env():
+                for line in end_orphans(session.client, session.experiment_id, config.run_name, Path(config.spool_dir)):
+                    warnings.warn(line, RuntimeWarning, stacklevel=2)
+        except (MlflowException, OSError) as err:  # housekeeping: never a reason to lose this evaluation
+            warnings.warn(f"spot-eval: could not check for runs left RUNNING by dead processes ({err})", RuntimeWarning,
+                          stacklevel=2)
+    _watch_the_end()
     tracker = MlflowTracker(session, config.run_name, parent=None)
+    tracker.set_tags(process_tags())
     tracker.log_params({"git_commit": git_commit()})
     return tracker
 
@@ -320,9 +402,38 @@ def resume(run_id: str | None) -> Tracker:
     return _OPEN[run_id]
 
 
+# How a run that the process leaves open ends (`_end_abandoned_runs`): FAILED, unless a signal or Ctrl-C
+# ended the process (KILLED). A SIGKILL runs nothing: the next run finds such a run (`end_orphans`).
+_abandoned = {"status": "FAILED"}
+
+
 @atexit.register
 def _end_abandoned_runs() -> None:
-    """A run still open at exit was never ended by its evaluation: close it as KILLED, so the store does
-    not show it RUNNING forever and a spooled one is marked ended in its journal."""
+    """A run still open at exit was never ended by its evaluation: close it with the truth (an exception:
+    FAILED; SIGINT or SIGTERM: KILLED), so the store does not show it RUNNING forever and a spooled one is
+    marked ended in its journal."""
     for tracker in [t for t in _OPEN.values() if t._parent is None]:
-        tracker.end("KILLED")
+        tracker.end(_abandoned["status"])
+
+
+def _watch_the_end() -> None:
+    """Once per process, when it opens its first run: Ctrl-C (KeyboardInterrupt) and SIGTERM end the open runs
+    as KILLED, an uncaught exception as FAILED. SIGTERM, whose default would end the process without running
+    exit handlers, becomes an exit with status 143 (128 + 15) where no other handler is installed."""
+    if getattr(sys.excepthook, "_spot_tracking", False):
+        return
+    previous = sys.excepthook
+
+    def hook(kind, error, tb) -> None:
+        _abandoned["status"] = "KILLED" if issubclass(kind, KeyboardInterrupt) else "FAILED"
+        previous(kind, error, tb)
+
+    hook._spot_tracking = True
+    sys.excepthook = hook
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+
+        def terminated(signum, frame) -> None:
+            _abandoned["status"] = "KILLED"
+            raise SystemExit(128 + signum)
+
+        signal.signal(signal.SIGTERM, terminated)
