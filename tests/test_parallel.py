@@ -119,7 +119,10 @@ def test_two_processes_give_the_one_process_evaluation(tmp_path, capsys, monkeyp
     again = lm_eval_run(launch, two, "rerun", "--use_cache", str(two / "cache"), model_args=dead)
     assert again.returncode == 0, failure(again.stderr)
     assert again.stderr.count("is unreachable") == 1  # rank 0 alone tracks
-    assert not (two / "rerun" / "samples.jsonl").read_text()  # nothing decoded again
+    resumed = pd.read_json(two / "rerun" / "samples.jsonl", lines=True)
+    assert resumed["resumed"].all()  # nothing decoded again, yet every request is reported
+    assert pd.read_json(next((two / "rerun").glob("run.json")), typ="series")["resumed_requests"] == 2 * 3
+    assert resumed.set_index(["task", "doc_id", "label"]).sort_index()["token_ids"].equals(rows["two"]["token_ids"])
     monkeypatch.chdir(two)
     sync = run_cli(capsys, "sync", "--spool", str(two / "spot-eval-spool"), "--tracking-uri", f"sqlite:///{two / 'mlflow.db'}")
     assert sync.returncode == 0, sync.stderr[-3000:]
