@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from typing import get_args, get_type_hints
 
@@ -26,6 +27,7 @@ from spot_eval.checkpoints.shipped import EMBEDDED_TARGET
 from spot_eval.checkpoints.target import load_target, read_target, resolve_checkpoint, target_id
 from spot_eval.execution.sandbox import SandboxError, confinement
 from spot_eval.harness import settings
+from spot_eval.harness.interrupts import kept_interrupts
 from spot_eval.harness.lossless import MethodRecord
 from spot_eval.harness.methods import MAX_BUDGET, MethodSpec, build_drafter, drafter_file, parse_methods
 from spot_eval.harness.parallel import Ranks
@@ -293,12 +295,19 @@ class SpotLM(LM):
         self.ranks.barrier()
 
     def generate_until(self, requests) -> list[str]:
+        with kept_interrupts() as check:
+            out = self._generate(requests, check)
+        self.session.flush()
+        return out
+
+    def _generate(self, requests, interrupted: Callable[[], None]) -> list[str]:
         out: list[str] = []
         running = _Running()
         seen: Counter = Counter()
         texts: dict[int, str] = {}
         bar = tqdm(requests, desc=f"spot rank {self.rank}" if self.world_size > 1 else "spot", unit="req", dynamic_ncols=True)
         for req in bar:
+            interrupted()
             seen[id(req)] += 1
             if seen[id(req)] > req.repeats:
                 # lm-eval pads a shorter rank with copies of its last request beyond that request's repeats:
@@ -321,7 +330,7 @@ class SpotLM(LM):
                 if running.forwards[s.label]:
                     postfix[f"{s.label} fwd×"] = f"{running.forwards['draft_free'] / running.forwards[s.label]:.2f}"
             bar.set_postfix(postfix)
-        self.session.flush()
+        interrupted()
         return out
 
     # -- one request -------------------------------------------------------------------------------
