@@ -242,3 +242,18 @@ def test_a_device_this_machine_lacks_is_refused_and_auto_picks_one_it_has():
     assert resolve_device("device", "auto") == expected
     with pytest.raises(ValueError, match=f"device='cuda:{torch.cuda.device_count()}' but"):
         resolve_device("device", f"cuda:{torch.cuda.device_count()}")
+
+
+@pytest.mark.parametrize("batch_size", [16, "16", "auto", "auto:4"])
+def test_a_batch_size_is_accepted_with_one_warning_that_it_changes_nothing(batch_size, no_load):
+    with pytest.warns(UserWarning, match=rf"--batch_size {batch_size}: spot decodes one request at a time") as caught, \
+            pytest.raises(AssertionError, match="the model loaded"):
+        lm.SpotLM.create_from_arg_string("device=cpu", {"batch_size": batch_size})
+    assert len([w for w in caught if "batch_size" in str(w.message)]) == 1
+
+
+@pytest.mark.parametrize("batch_size", [None, 1, "1"])
+def test_batch_size_one_or_none_says_nothing(batch_size, no_load, recwarn):
+    with pytest.raises(AssertionError, match="the model loaded"):
+        lm.SpotLM.create_from_arg_string("device=cpu", {"batch_size": batch_size})
+    assert not [w for w in recwarn if "batch_size" in str(w.message)]

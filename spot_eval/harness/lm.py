@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import warnings
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
@@ -112,7 +113,13 @@ class SpotLM(LM):
     def __init__(self, batch_size: int | str | None = 1, max_batch_size: int | None = None, **kwargs) -> None:
         super().__init__()
         self.args = args = SpotArgs.parse(kwargs)
-        self.batch_size = int(batch_size) if str(batch_size).isdigit() else 1  # one request at a time
+        if batch_size not in (None, 1, "1"):
+            # Accepted so that lm-eval command lines written for other models run unchanged; said once so
+            # that nobody reads a batch-N throughput into the figures.
+            warnings.warn(f"--batch_size {batch_size}: spot decodes one request at a time (batch 1) whatever the "
+                          "value; it is accepted for lm-eval compatibility and changes neither outputs nor speed",
+                          UserWarning, stacklevel=2)
+        self.batch_size = 1
         # Everything that can be checked is checked before the weights load and the MLflow run opens.
         device = settings.resolve_device("device", args.device)
         check_uri("mlflow_tracking_uri", args.mlflow_tracking_uri)
