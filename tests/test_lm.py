@@ -112,10 +112,14 @@ def test_use_cache_resumes_and_refuses_another_decoder_config(checkpoint, tmp_pa
 
 
 @pytest.mark.slow
-def test_code_tasks_need_the_unsafe_code_flag(checkpoint, tmp_path):
-    run = run_lm_eval("--model", "spot", "--model_args", f"pretrained={checkpoint},methods=,budgets=,device=cpu",
-                      "--tasks", "spot_mbpp", "--include_path", str(REPO / "tasks"), "--limit", "1", cwd=tmp_path)
-    assert run.returncode == 2 and "add --confirm_run_unsafe_code" in run.stderr and "Traceback" not in run.stderr
+def test_code_tasks_need_the_unsafe_code_flag_before_the_model_loads(tmp_path):
+    """The consent is checked first: a pretrained= that does not exist is never reached."""
+    run = run_lm_eval("--model", "spot", "--model_args", f"pretrained={tmp_path / 'no-such-model'},device=cpu",
+                      "--tasks", "spot_all", "--include_path", str(REPO / "tasks"), "--limit", "1", cwd=tmp_path)
+    errors = [line for line in run.stderr.splitlines() if line.startswith("error:")]
+    assert run.returncode == 2 and len(errors) == 1 and "Traceback" not in run.stderr, run.stderr[-2000:]
+    assert "spot_humaneval, spot_mbpp run model-written code" in errors[0] and "add --confirm_run_unsafe_code" in errors[0]
+    assert "pretrained" not in run.stderr.split("error:")[-1]
 
 
 @pytest.mark.slow

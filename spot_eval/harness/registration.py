@@ -93,6 +93,8 @@ def register() -> None:
         task_log.addFilter(_OwnDatasets())
     if not getattr(lm_eval.evaluator.evaluate, "_spot_wrapped", False):
         lm_eval.evaluator.evaluate = _reporting(lm_eval.evaluator.evaluate)
+    if not getattr(lm_eval.evaluator.simple_evaluate, "_spot_wrapped", False):
+        lm_eval.evaluator.simple_evaluate = _consents_first(lm_eval.evaluator.simple_evaluate)
     lm_eval.evaluator.get_git_commit_hash = quiet_git_hash
 
 
@@ -119,6 +121,29 @@ class _OwnDatasets(logging.Filter):
         return not (message.startswith("spot_") and "Custom kwargs can be passed to `--metadata`" in message)
 
 
+UNSAFE_CODE_FIX = ("On the command line add --confirm_run_unsafe_code: the code tasks execute model-written programs "
+                   "(spot_eval runs them in a sandboxed subprocess).")
+
+
+def _consents_first(simple_evaluate):
+    """A `--model spot` run of code tasks without --confirm_run_unsafe_code stops before the model loads
+    (lm-eval checks only in `evaluate()`, after it)."""
+
+    @functools.wraps(simple_evaluate)
+    def wrapped(*args, **kwargs):
+        manager, tasks = kwargs.get("task_manager"), kwargs.get("tasks")
+        if kwargs.get("model") == "spot" and not kwargs.get("confirm_run_unsafe_code") and manager is not None and tasks:
+            from spot_eval.harness.consents import unsafe_tasks
+
+            unsafe = unsafe_tasks(manager.task_index, [tasks] if isinstance(tasks, str) else tasks)
+            if unsafe:
+                raise ValueError(f"{', '.join(unsafe)} run model-written code. {UNSAFE_CODE_FIX}")
+        return simple_evaluate(*args, **kwargs)
+
+    wrapped._spot_wrapped = True
+    return wrapped
+
+
 def _reporting(evaluate):
     @functools.wraps(evaluate)
     def wrapped(lm, *args, **kwargs):
@@ -127,10 +152,7 @@ def _reporting(evaluate):
         except ValueError as err:
             if "marked as unsafe" not in str(err):
                 raise
-            raise ValueError(
-                f"{err} On the command line add --confirm_run_unsafe_code: the code tasks execute model-written "
-                "programs (spot_eval runs them in a sandboxed subprocess)."
-            ) from None
+            raise ValueError(f"{err} {UNSAFE_CODE_FIX}") from None
         inner = getattr(lm, "lm", lm)  # unwrap lm-eval's CachingLM
         finish = getattr(inner, "finish", None) if hasattr(inner, "session") else None
         if callable(finish):
