@@ -30,3 +30,10 @@ def test_groups_tags_and_inline_configs(tmp_path):
     assert unsafe_tasks(index, ["mixed"]) == ["code"]  # a tag
     assert unsafe_tasks(index, ["nested"]) == ["inline_code"]
     assert unsafe_tasks(index, [{"task": "code"}, {"task": "x", "unsafe_code": True}]) == ["code", "x"]
+
+
+def test_a_config_that_cannot_be_read_is_left_to_lm_eval(tmp_path):
+    (tmp_path / "broken.yaml").write_text("task: broken\ndataset_path: x\n")
+    index = TaskIndex.build([tmp_path])
+    (tmp_path / "broken.yaml").write_text("task: broken\ninclude: missing.yaml\n")
+    assert unsafe_tasks(index, ["broken"]) == []

@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+import yaml
+
 
 def unsafe_tasks(index: Mapping[str, Any], names: Iterable[str | dict]) -> list[str]:
     """The tasks among `names` (tasks, groups and tags of lm-eval's task index, or inline task configs) whose
@@ -21,9 +23,12 @@ def unsafe_tasks(index: Mapping[str, Any], names: Iterable[str | dict]) -> list[
     seen: set[tuple[str, bool]] = set()
 
     def config(entry) -> dict:
-        if entry.yaml_path is not None:
+        if entry.yaml_path is None:
+            return entry.cfg or {}
+        try:
             return load_yaml(entry.yaml_path, resolve_func=False)  # functions stay unimported
-        return entry.cfg or {}
+        except (OSError, ValueError, yaml.YAMLError):
+            return {}  # lm-eval reports a broken config itself, and still checks unsafe_code after loading
 
     def visit(item: str | dict, inherited: bool) -> None:
         if isinstance(item, dict):
