@@ -511,6 +511,20 @@ def _compare(args: argparse.Namespace) -> None:
         print(path)
 
 
+def _cache_datasets_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--cache-dir", default=None,
+                   help="the datasets cache to write (default: datasets' HF_DATASETS_CACHE, under HF_HOME)")
+
+
+def _cache_datasets(args: argparse.Namespace) -> None:
+    from spot_eval.data.hub_cache import cache_datasets
+
+    for done in cache_datasets(args.cache_dir):
+        rows = ", ".join(f"{split} {n}" for split, n in done.rows.items())
+        print(f"{'wrote' if done.wrote else 'already there, the same rows:'} {done.repo_id} ({done.config}; {rows}) in {done.path}")
+    print("lm-eval's gsm8k, minerva_math500, mbpp and humaneval now load with HF_DATASETS_OFFLINE=1")
+
+
 COMMANDS = (
     Command("decode", "decode one prompt with a method and print one JSON object", _decode_flags, _decode),
     Command("train-target", "train the embedded target (BPE tokenizer, block-diffusion Qwen3) from scratch", _train_target_flags, _train_target),
@@ -525,6 +539,8 @@ COMMANDS = (
             _train_sets),
     Command("profile", "measure (or show the cached) verify-cost profile of a target on this device", _profile_flags, _profile),
     Command("nightly", "run a suite through lm-eval, compare with a baseline, write a report, gate", _nightly_flags, _nightly),
+    Command("cache-datasets", "write the vendored GSM8K, MATH-500, MBPP and HumanEval where lm-eval's own tasks load them offline",
+            _cache_datasets_flags, _cache_datasets),
     Command("compare", "SPOT vs Spiffy tables (throughput and forward ratios) from MLflow or results files", _compare_flags, _compare),
 )
 

@@ -1,0 +1,86 @@
+"""`spot-eval cache-datasets`: the vendored benchmarks, loaded by `datasets` under lm-eval's hub ids with the
+hub offline, row for row; a copy spot-eval did not write is never overwritten."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import run_cli
+
+from spot_eval.data.hub_cache import (
+    HUB_DATASETS,
+    VENDORED,
+    DifferentCopy,
+    cache_datasets,
+    prepared_dir,
+    read_rows,
+)
+
+REPO = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+
+
+@pytest.fixture(autouse=True)
+def offline(monkeypatch):
+    monkeypatch.setattr("datasets.config.HF_HUB_OFFLINE", True)
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)
+
+
+def test_every_dataset_loads_offline_row_for_row_under_its_hub_id(tmp_path):
+    written = cache_datasets(tmp_path)
+    assert [(w.repo_id, w.config) for w in written] == [
+        ("openai/gsm8k", "main"), ("HuggingFaceH4/MATH-500", "default"), ("google-research-datasets/mbpp", "full"),
+        ("openai/openai_humaneval", "openai_humaneval")]
+    assert all(w.wrote and w.path.name == VENDORED for w in written)
+    assert {w.repo_id: w.rows for w in written} == {
+        "openai/gsm8k": {"train": 7473, "test": 1319}, "HuggingFaceH4/MATH-500": {"test": 500},
+        "google-research-datasets/mbpp": {"train": 374, "test": 500, "validation": 90, "prompt": 10},
+        "openai/openai_humaneval": {"test": 164}}
+    for dataset in HUB_DATASETS:
+        loaded = read_rows(tmp_path, dataset)
+        assert sorted(loaded) == sorted(dataset.splits)
+        for split, rows in loaded.items():
+            assert rows == dataset.rows(split), (dataset.repo_id, split)  # every row, every column, in order
+            assert list(rows[0]) == list(dataset.columns)  # the hub's columns and nothing else (gsm8k's idx dropped)
+    again = cache_datasets(tmp_path)
+    assert not any(w.wrote for w in again) and [w.path for w in again] == [w.path for w in written]
+
+
+def test_a_copy_it_did_not_write_is_refused_and_left_alone(tmp_path, capsys):
+    foreign = prepared_dir(tmp_path, HUB_DATASETS[0]) / "0.0.0" / "0123abcd"
+    foreign.mkdir(parents=True)
+    (foreign / "dataset_info.json").write_text("{}")
+    with pytest.raises(DifferentCopy, match="that spot-eval did not write; datasets would load the newest"):
+        cache_datasets(tmp_path)
+    assert sorted(p.name for p in foreign.parent.iterdir()) == ["0123abcd"] and (foreign / "dataset_info.json").read_text() == "{}"
+    run = run_cli(capsys, "cache-datasets", "--cache-dir", str(tmp_path))
+    assert run.returncode == 2 and "error: openai/gsm8k (main) already has a copy in" in run.stderr
+    assert "Remove that directory" in run.stderr
+
+
+def test_the_command_says_what_it_wrote(tmp_path, capsys):
+    first = run_cli(capsys, "cache-datasets", "--cache-dir", str(tmp_path))
+    assert first.returncode == 0, first.stderr
+    assert "wrote openai/gsm8k (main; train 7473, test 1319) in " in first.stdout
+    assert "wrote openai/openai_humaneval (openai_humaneval; test 164)" in first.stdout
+    second = run_cli(capsys, "cache-datasets", "--cache-dir", str(tmp_path))
+    assert second.stdout.count("already there, the same rows:") == 4
+
+
+@pytest.mark.slow
+def test_lm_eval_runs_its_own_task_names_offline_in_a_fresh_hf_home(tmp_path):
+    env = {**os.environ, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    env.pop("HF_DATASETS_CACHE", None)
+    cached = subprocess.run([str(BIN / "spot-eval"), "cache-datasets"], capture_output=True, text=True, env=env, cwd=tmp_path,
+                            timeout=300)
+    assert cached.returncode == 0, cached.stderr[-2000:]
+    assert str(tmp_path / "hf" / "datasets") in cached.stdout
+    run = subprocess.run(
+        [str(BIN / "lm_eval"), "--model", "spot", "--model_args", "methods=spot@8,device=cpu,gen_length=32",
+         "--tasks", "gsm8k,minerva_math500", "--limit", "1", "--gen_kwargs", "max_gen_toks=32"],
+        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    table = run.stdout
+    assert "|gsm8k" in table.replace(" ", "") and "minerva_math500" in table and "exact_match" in table
