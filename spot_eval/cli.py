@@ -514,15 +514,24 @@ def _compare(args: argparse.Namespace) -> None:
 def _cache_datasets_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cache-dir", default=None,
                    help="the datasets cache to write (default: datasets' HF_DATASETS_CACHE, under HF_HOME)")
+    p.add_argument("--modules-cache", default=None,
+                   help="evaluate's module cache, where the sandboxed code_eval goes (default: HF_MODULES_CACHE, under HF_HOME)")
 
 
 def _cache_datasets(args: argparse.Namespace) -> None:
     from spot_eval.data.hub_cache import cache_datasets
+    from spot_eval.execution.metric_cache import install_code_eval
 
     for done in cache_datasets(args.cache_dir):
         rows = ", ".join(f"{split} {n}" for split, n in done.rows.items())
         print(f"{'wrote' if done.wrote else 'already there, the same rows:'} {done.repo_id} ({done.config}; {rows}) in {done.path}")
-    print("lm-eval's gsm8k, minerva_math500, mbpp and humaneval now load with HF_DATASETS_OFFLINE=1")
+    shim, others = install_code_eval(args.modules_cache)
+    print(f"installed spot-eval's SANDBOXED code_eval as evaluate's 'code_eval' in {shim}: lm-eval's mbpp and humaneval now "
+          "run model-written code in spot-eval's sandbox, not in the harness process (HF_ALLOW_CODE_EVAL=1 and "
+          "--confirm_run_unsafe_code are still required)")
+    for other in others:
+        print(f"note: another code_eval is cached in {other}; evaluate loads the newest, which is now spot-eval's")
+    print("lm-eval's gsm8k, minerva_math500, mbpp and humaneval now load with HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1")
 
 
 COMMANDS = (
@@ -539,7 +548,7 @@ COMMANDS = (
             _train_sets),
     Command("profile", "measure (or show the cached) verify-cost profile of a target on this device", _profile_flags, _profile),
     Command("nightly", "run a suite through lm-eval, compare with a baseline, write a report, gate", _nightly_flags, _nightly),
-    Command("cache-datasets", "write the vendored GSM8K, MATH-500, MBPP and HumanEval where lm-eval's own tasks load them offline",
+    Command("cache-datasets", "write the vendored GSM8K, MATH-500, MBPP and HumanEval (and a sandboxed code_eval) where lm-eval's own tasks load them offline",
             _cache_datasets_flags, _cache_datasets),
     Command("compare", "SPOT vs Spiffy tables (throughput and forward ratios) from MLflow or results files", _compare_flags, _compare),
 )

@@ -1,6 +1,7 @@
 """`spot-eval cache-datasets`: the vendored benchmarks, loaded by `datasets` under lm-eval's hub ids with the
 hub offline, row for row; a copy spot-eval did not write is never overwritten."""
 
+import json
 import os
 import subprocess
 import sys
@@ -84,3 +85,78 @@ def test_lm_eval_runs_its_own_task_names_offline_in_a_fresh_hf_home(tmp_path):
     assert run.returncode == 0, run.stderr[-3000:]
     table = run.stdout
     assert "|gsm8k" in table.replace(" ", "") and "minerva_math500" in table and "exact_match" in table
+
+
+def test_evaluates_code_eval_is_the_sandboxed_one_with_code_evals_interface_and_consent(tmp_path):
+    """In a fresh HF_HOME with the hub offline, `evaluate.load("code_eval")` loads spot-eval's: code_eval's
+    inputs, return value and HF_ALLOW_CODE_EVAL consent; an always-equal answer fails (the sandbox's asserts)."""
+    script = (
+        "import json, sys\n"
+        "from spot_eval.execution.metric_cache import install_code_eval\n"
+        "install_code_eval()\n"
+        "import evaluate\n"
+        "metric = evaluate.load('code_eval')\n"
+        "eq = 'def add(a, b):\\n    class Eq(int):\\n        __eq__ = lambda s, o: True\\n    return Eq(0)\\n'\n"
+        "try:\n"
+        "    scores, results = metric.compute(references=['assert add(2, 3) == 5'],\n"
+        "        predictions=[['def add(a, b): return a * b', 'def add(a, b): return a + b', eq]], k=[1, 2])\n"
+        "except ValueError as err:\n"
+        "    print(json.dumps({'refused': str(err)})); sys.exit()\n"
+        "print(json.dumps({'module': type(metric).__module__, 'scores': scores,\n"
+        "                  'passed': [r['passed'] for _, r in results[0]]}))\n"
+    )
+    env = {**os.environ, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+           "HF_EVALUATE_OFFLINE": "1"}
+    for variable in ("HF_MODULES_CACHE", "HF_ALLOW_CODE_EVAL"):
+        env.pop(variable, None)
+    refused = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    assert "set HF_ALLOW_CODE_EVAL=1" in json.loads(refused.stdout.splitlines()[-1])["refused"], refused.stderr[-2000:]
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                          env={**env, "HF_ALLOW_CODE_EVAL": "1"})
+    out = json.loads(done.stdout.splitlines()[-1])
+    assert out["module"].startswith("evaluate_modules.metrics.evaluate-metric--code_eval.")
+    assert out["passed"] == [False, True, False]
+    assert out["scores"] == {"pass@1": pytest.approx(1 / 3), "pass@2": pytest.approx(2 / 3)}
+
+
+@pytest.mark.slow
+def test_upstream_humaneval_scores_in_the_sandbox(tmp_path):
+    """lm-eval's own `humaneval` through `lm_eval --model spot`: a first run fills lm-eval's cache, then its answers
+    are replaced by the canonical solution and an always-equal object (which fools the hub's code_eval). The
+    sandbox decides both: pass@1 = 1/2."""
+    from lm_eval.api.model import hash_args
+    from sqlitedict import SqliteDict
+
+    from spot_eval.data.datasets import load
+
+    env = {**os.environ, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+           "HF_EVALUATE_OFFLINE": "1", "HF_ALLOW_CODE_EVAL": "1"}
+    for variable in ("HF_MODULES_CACHE", "HF_DATASETS_CACHE"):
+        env.pop(variable, None)
+    cached = subprocess.run([str(BIN / "spot-eval"), "cache-datasets"], capture_output=True, text=True, env=env, timeout=300)
+    assert cached.returncode == 0 and "SANDBOXED code_eval" in cached.stdout, cached.stderr[-2000:]
+
+    def lm_eval(run: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [str(BIN / "lm_eval"), "--model", "spot", "--model_args", f"methods=,budgets=,device=cpu,gen_length=32,output_dir={tmp_path / run}",
+             "--tasks", "humaneval", "--limit", "2", "--use_cache", str(tmp_path / "cache"), "--confirm_run_unsafe_code",
+             "--log_samples", "--output_path", str(tmp_path / run / "lm_eval"), "--gen_kwargs", "max_gen_toks=32"],
+            capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
+
+    first = lm_eval("first")
+    assert first.returncode == 0, first.stderr[-3000:]
+    [log] = (tmp_path / "first" / "lm_eval").rglob("samples_humaneval_*.jsonl")
+    samples = sorted((json.loads(line) for line in log.open()), key=lambda s: s["doc_id"])
+    humaneval = {d["task_id"]: d for d in load("humaneval_test")}
+    bodies = [humaneval[samples[0]["doc"]["task_id"]]["canonical_solution"],
+              "    class Eq(list):\n        __eq__ = lambda s, o: True\n    return Eq()\n"]
+    with SqliteDict(str(tmp_path / "cache_rank0.db"), autocommit=True) as cache:
+        for sample, body in zip(samples, bodies, strict=True):
+            arguments = sample["arguments"]["gen_args_0"]
+            key = hash_args("generate_until", [arguments["arg_0"], arguments["arg_1"]])
+            assert key in cache
+            cache[key] = body
+    again = lm_eval("again")
+    assert again.returncode == 0, again.stderr[-3000:]
+    [results] = (tmp_path / "again" / "lm_eval").rglob("results_*.json")
+    assert json.loads(results.read_text())["results"]["humaneval"]["pass@1,create_test"] == pytest.approx(1 / 2)

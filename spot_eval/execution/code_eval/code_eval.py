@@ -1,0 +1,72 @@
+"""The hub's `code_eval` interface over spot-eval's sandbox, for lm-eval's own `mbpp` and `humaneval`.
+
+`spot-eval cache-datasets` installs this file in evaluate's module cache as `evaluate-metric--code_eval`, which
+`evaluate.load("code_eval")` takes when the hub is offline. It keeps code_eval's inputs, its
+HF_ALLOW_CODE_EVAL=1 consent and its return value, `(pass_at_k, results)`, but each program and its tests run
+in a confined subprocess (spot_eval.execution.sandbox) instead of a thread of the evaluating process.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from statistics import fmean
+
+import datasets
+import evaluate
+
+from spot_eval.execution.code_exec.code_exec import pass_at_k
+from spot_eval.execution.sandbox import Limits, SandboxError, confinement, run_many
+
+_DESCRIPTION = """code_eval's interface (predictions: candidates per problem; references: each problem's test code;
+k; num_workers; timeout), every candidate run with its tests in spot-eval's sandbox."""
+
+_INPUTS = """
+Args:
+    predictions: per problem, a list of candidate programs.
+    references: per problem, its test code.
+    k: the k of pass@k (default [1, 10, 100]); a k larger than some problem's candidate count is left out.
+    num_workers: sandboxed programs run at once (default 4).
+    timeout: seconds a program may run (default 3.0).
+Returns:
+    (pass_at_k, results): {"pass@k": mean over problems}, and per problem index a list of
+    (completion_id, {"task_id", "completion_id", "passed", "result"}) as code_eval returns.
+"""
+
+_CONSENT = """spot-eval's code_eval runs model-written programs (in its sandbox). As with the hub's code_eval,
+set HF_ALLOW_CODE_EVAL=1 to say you accept that: export HF_ALLOW_CODE_EVAL="1"."""
+
+
+@evaluate.utils.file_utils.add_start_docstrings(_DESCRIPTION, _INPUTS)
+class CodeEval(evaluate.Metric):
+    def _info(self) -> evaluate.MetricInfo:
+        return evaluate.MetricInfo(
+            module_type="metric",
+            description=_DESCRIPTION,
+            citation="",
+            inputs_description=_INPUTS,
+            features=datasets.Features(
+                {"predictions": datasets.Sequence(datasets.Value("string")), "references": datasets.Value("string")}
+            ),
+        )
+
+    def _compute(self, predictions: list[list[str]], references: list[str], k: Sequence[int] = (1, 10, 100),
+                 num_workers: int = 4, timeout: float = 3.0):
+        if os.getenv("HF_ALLOW_CODE_EVAL", "0") != "1":
+            raise ValueError(_CONSENT)
+        try:
+            confinement()
+        except SandboxError as err:
+            raise ValueError(str(err)) from None
+        pairs = [(c, test) for candidates, test in zip(predictions, references, strict=True) for c in candidates]
+        flat = iter(run_many([c for c, _ in pairs], Limits(timeout_s=timeout), num_workers, tests=[t for _, t in pairs]))
+        outcomes = [[next(flat) for _ in candidates] for candidates in predictions]
+        results = {
+            task: [(n, {"task_id": task, "completion_id": n, "passed": o.passed, "result": "passed" if o.passed else o.status})
+                   for n, o in enumerate(problem)]
+            for task, problem in enumerate(outcomes)
+        }
+        counts = [(len(problem), sum(o.passed for o in problem)) for problem in outcomes]
+        scores = {f"pass@{k_}": fmean(pass_at_k(n, c, k_) for n, c in counts) for k_ in ([k] if isinstance(k, int) else k)
+                  if all(n >= k_ for n, _ in counts)}
+        return scores, results
