@@ -10,13 +10,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from statistics import fmean
 
 import datasets
 import evaluate
 
-from spot_eval.execution.code_exec.code_exec import pass_at_k
-from spot_eval.execution.sandbox import Limits, SandboxError, confinement, run_many
+from spot_eval.execution.code_exec.code_exec import sandboxed_pass_at_k
 
 _DESCRIPTION = """code_eval's interface (predictions: candidates per problem; references: each problem's test code;
 k; num_workers; timeout), every candidate run with its tests in spot-eval's sandbox."""
@@ -54,19 +52,10 @@ class CodeEval(evaluate.Metric):
                  num_workers: int = 4, timeout: float = 3.0):
         if os.getenv("HF_ALLOW_CODE_EVAL", "0") != "1":
             raise ValueError(_CONSENT)
-        try:
-            confinement()
-        except SandboxError as err:
-            raise ValueError(str(err)) from None
-        pairs = [(c, test) for candidates, test in zip(predictions, references, strict=True) for c in candidates]
-        flat = iter(run_many([c for c, _ in pairs], Limits(timeout_s=timeout), num_workers, tests=[t for _, t in pairs]))
-        outcomes = [[next(flat) for _ in candidates] for candidates in predictions]
+        scores, outcomes = sandboxed_pass_at_k(predictions, references, k, timeout, num_workers)
         results = {
             task: [(n, {"task_id": task, "completion_id": n, "passed": o.passed, "result": "passed" if o.passed else o.status})
                    for n, o in enumerate(problem)]
             for task, problem in enumerate(outcomes)
         }
-        counts = [(len(problem), sum(o.passed for o in problem)) for problem in outcomes]
-        scores = {f"pass@{k_}": fmean(pass_at_k(n, c, k_) for n, c in counts) for k_ in ([k] if isinstance(k, int) else k)
-                  if all(n >= k_ for n, _ in counts)}
         return scores, results

@@ -73,21 +73,25 @@ class CodeExec(evaluate.Metric):
         timeout_s: float = Limits.timeout_s,
         workers: int = 2,
     ) -> dict:
-        try:
-            confinement()  # refuse, with the reason, where nothing can be confined; once per process
-        except SandboxError as err:
-            raise ValueError(str(err)) from None
-        # Each candidate runs, then its problem's tests in a namespace of their own, with assertions that an object
-        # the candidate returns cannot decide (spot_eval.execution.assertions).
-        pairs = [(candidate, test) for candidates, test in zip(predictions, references, strict=True) for candidate in candidates]
-        flat = iter(run_many([c for c, _ in pairs], Limits(timeout_s=timeout_s), workers, tests=[t for _, t in pairs]))
-        outcomes = [[next(flat) for _ in candidates] for candidates in predictions]
-        counts = [
-            (len(problem), sum(o.passed for o in problem)) for problem in outcomes
-        ]  # (n, c) per problem
-        scores = {
-            f"pass@{k_}": fmean(pass_at_k(n, c, k_) for n, c in counts)
-            for k_ in k
-            if all(n >= k_ for n, _ in counts)
-        }
+        scores, outcomes = sandboxed_pass_at_k(predictions, references, k, timeout_s, workers)
         return {**scores, "outcomes": outcomes}
+
+
+def sandboxed_pass_at_k(predictions: list[list[str]], references: list[str], k: Sequence[int], timeout_s: float,
+                        workers: int) -> tuple[dict[str, float], list[list]]:
+    """({"pass@k": mean over problems}, per problem the sandbox Outcome of each candidate). A k larger than some
+    problem's candidate count is left out. Shared with the code_eval that lm-eval's own tasks load
+    (spot_eval/execution/code_eval)."""
+    try:
+        confinement()  # refuse, with the reason, where nothing can be confined; once per process
+    except SandboxError as err:
+        raise ValueError(str(err)) from None
+    # Each candidate runs, then its problem's tests in a namespace of their own, with assertions that an object
+    # the candidate returns cannot decide (spot_eval.execution.assertions).
+    pairs = [(candidate, test) for candidates, test in zip(predictions, references, strict=True) for candidate in candidates]
+    flat = iter(run_many([c for c, _ in pairs], Limits(timeout_s=timeout_s), workers, tests=[t for _, t in pairs]))
+    outcomes = [[next(flat) for _ in candidates] for candidates in predictions]
+    counts = [(len(problem), sum(o.passed for o in problem)) for problem in outcomes]  # (n, c) per problem
+    ks = [k] if isinstance(k, int) else k
+    scores = {f"pass@{k_}": fmean(pass_at_k(n, c, k_) for n, c in counts) for k_ in ks if all(n >= k_ for n, _ in counts)}
+    return scores, outcomes
