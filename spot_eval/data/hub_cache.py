@@ -92,13 +92,14 @@ def cache_datasets(cache: Path | None = None) -> list[Written]:
             raise DifferentCopy(f"{dataset.repo_id} ({dataset.config}) already has a copy in {others[0]} that spot-eval did not "
                                 "write; datasets would load the newest of the two. Remove that directory to use the vendored "
                                 "copy, or keep it and skip cache-datasets")
-        counts = {split: len(dataset.splits[split]()) for split in dataset.splits}
+        rows = {split: dataset.rows(split) for split in dataset.splits}  # each vendored file read (and verified) once
+        counts = {split: len(r) for split, r in rows.items()}
         if ours:
-            if read_rows(cache, dataset) != {s: dataset.rows(s) for s in dataset.splits}:
+            if read_rows(cache, dataset) != rows:
                 raise DifferentCopy(f"{ours[0]} differs from the vendored {dataset.repo_id}: remove it and run cache-datasets again")
             done.append(Written(dataset.repo_id, dataset.config, ours[0], counts, wrote=False))
             continue
-        done.append(Written(dataset.repo_id, dataset.config, _prepare(cache, dataset), counts, wrote=True))
+        done.append(Written(dataset.repo_id, dataset.config, _prepare(cache, dataset, rows), counts, wrote=True))
     return done
 
 
@@ -110,7 +111,7 @@ def read_rows(cache: Path, dataset: HubDataset) -> dict[str, list[dict]]:
     return {split: loaded[split].to_list() for split in loaded}
 
 
-def _prepare(cache: Path, dataset: HubDataset) -> Path:
+def _prepare(cache: Path, dataset: HubDataset, rows: dict[str, list[dict]]) -> Path:
     import pyarrow as pa
     import pyarrow.parquet as pq
     from datasets.packaged_modules.parquet.parquet import Parquet
@@ -129,9 +130,9 @@ def _prepare(cache: Path, dataset: HubDataset) -> Path:
     features = dataset.features()
     with tempfile.TemporaryDirectory() as scratch:
         files = {}
-        for split in dataset.splits:
+        for split, split_rows in rows.items():
             files[split] = [str(Path(scratch) / f"{split}.parquet")]
-            pq.write_table(pa.Table.from_pylist(dataset.rows(split), schema=features.arrow_schema), files[split][0])
+            pq.write_table(pa.Table.from_pylist(split_rows, schema=features.arrow_schema), files[split][0])
         builder = Vendored(cache_dir=str(cache), dataset_name=name, config_name=dataset.config, config_id=dataset.config,
                            data_files=files, hash=VENDORED, features=features)
         builder.download_and_prepare()
