@@ -3,7 +3,7 @@ be checked without the weights) no model loaded and no MLflow run opened.
 
 The `spot-eval` forms run in-process through `spot_eval.cli.main`; the `lm_eval --model spot` forms build
 `SpotLM` in-process (the error reaches lm-eval's command line as the ValueError below, which the start-up
-hook turns into one line; a few real `lm_eval` runs at the end check that step).
+hook turns into one line; the hook is run in-process too, and one real `lm_eval` run checks the whole path).
 """
 
 from __future__ import annotations
@@ -201,25 +201,48 @@ def test_an_output_dir_that_cannot_be_made_is_refused_before_loading(tmp_path, n
 
 
 OFFLINE = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+COMMAND_LINE_CASES = [
+    ("temperature=inf", "error: temperature must be a finite number, got inf"),
+    ("budgets=-1", "error: method 'spot': budget must be >= 1, got -1"),
+    ("output_dir={file}", "is an existing file; name a directory"),
+    ("device=cuda:7", "error: device='cuda:7' but "),
+    ("mlflow_tracking_uri=garbage", "error: mlflow_tracking_uri='garbage' is not a tracking URI"),
+]
+
+
+def command_line_args(model_args: str, existing: Path) -> str:
+    return ("" if "device=" in model_args else "device=cpu,") + model_args.format(file=existing)
+
+
+@pytest.mark.parametrize(("model_args", "message"), COMMAND_LINE_CASES)
+def test_lm_evals_command_line_prints_one_line_and_exits_2(model_args, message, tmp_path, monkeypatch, capsys, no_load):
+    """What `lm_eval --model spot --model_args ...` does, in-process: lm-eval's own constructor from the argument
+    string, and the start-up hook (spot_eval.harness.registration) that turns the error into one line, exit 2."""
+    from spot_eval.harness import registration, task_index
+
+    existing = tmp_path / "a-file"
+    existing.write_text("x")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["lm_eval", "--model", "spot"])
+    monkeypatch.setattr(sys, "excepthook", sys.__excepthook__)
+    monkeypatch.setattr(registration, "register", lambda: None)  # lm-eval's registry and task index: other tests'
+    monkeypatch.setattr(task_index, "install", lambda: None)
+    registration.cli_startup()
+    with pytest.raises((ValueError, FileNotFoundError)) as raised:
+        lm.SpotLM.create_from_arg_string(command_line_args(model_args, existing))
+    with pytest.raises(SystemExit) as exited:
+        sys.excepthook(raised.type, raised.value, raised.tb)
+    assert exited.value.code == 2 and message in one_error_line(capsys)
+    assert not (tmp_path / "mlflow.db").exists()  # no MLflow run was opened
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    ("model_args", "message"),
-    [
-        ("temperature=inf", "error: temperature must be a finite number, got inf"),
-        ("budgets=-1", "error: method 'spot': budget must be >= 1, got -1"),
-        ("output_dir={file}", "is an existing file; name a directory"),
-        ("device=cuda:7", "error: device='cuda:7' but "),
-        ("mlflow_tracking_uri=garbage", "error: mlflow_tracking_uri='garbage' is not a tracking URI"),
-    ],
-)
-def test_the_real_lm_eval_command_prints_one_line_and_exits_2(model_args, message, tmp_path):
+def test_the_real_lm_eval_command_prints_one_line_and_exits_2(tmp_path):
+    """The real console script, once: the cases above reach lm-eval's command line as it does."""
+    model_args, message = COMMAND_LINE_CASES[-1]
     lm_eval = shutil.which("lm_eval", path=str(Path(sys.executable).parent))
-    existing = tmp_path / "a-file"
-    existing.write_text("x")
     run = subprocess.run(
-        [lm_eval, "--model", "spot", "--model_args", ("" if "device=" in model_args else "device=cpu,") + model_args.format(file=existing),
+        [lm_eval, "--model", "spot", "--model_args", command_line_args(model_args, tmp_path / "a-file"),
          "--tasks", "spot_gsm8k", "--include_path", str(Path(__file__).parent.parent / "tasks"), "--limit", "1"],
         capture_output=True, text=True, env=OFFLINE, cwd=tmp_path, timeout=300,
     )

@@ -25,7 +25,7 @@ from spot_eval.reports.regression import describe
 from spot_eval.reports.results import read_run
 
 REPO = Path(__file__).resolve().parents[1]
-OFFLINE = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+OFFLINE = {**{k: v for k, v in os.environ.items() if k != "HF_ALLOW_CODE_EVAL"}, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 
 
 @pytest.fixture(autouse=True)
@@ -113,12 +113,14 @@ def test_use_cache_resumes_and_refuses_another_decoder_config(checkpoint, tmp_pa
 
 @pytest.mark.slow
 def test_code_tasks_need_the_unsafe_code_flag_before_the_model_loads(tmp_path):
-    """The consent is checked first: a pretrained= that does not exist is never reached."""
+    """The consents are checked first, ours and lm-eval's code tasks alike: a pretrained= that does not exist is
+    never reached."""
     run = run_lm_eval("--model", "spot", "--model_args", f"pretrained={tmp_path / 'no-such-model'},device=cpu",
-                      "--tasks", "spot_all", "--include_path", str(REPO / "tasks"), "--limit", "1", cwd=tmp_path)
+                      "--tasks", "spot_all,humaneval", "--include_path", str(REPO / "tasks"), "--limit", "1", cwd=tmp_path)
     errors = [line for line in run.stderr.splitlines() if line.startswith("error:")]
     assert run.returncode == 2 and len(errors) == 1 and "Traceback" not in run.stderr, run.stderr[-2000:]
-    assert "spot_humaneval, spot_mbpp run model-written code" in errors[0] and "add --confirm_run_unsafe_code" in errors[0]
+    assert "spot_humaneval, spot_mbpp, humaneval run model-written code" in errors[0] and "add --confirm_run_unsafe_code" in errors[0]
+    assert "humaneval need HF_ALLOW_CODE_EVAL=1" in errors[0]
     assert "pretrained" not in run.stderr.split("error:")[-1]
 
 

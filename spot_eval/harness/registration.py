@@ -123,21 +123,32 @@ class _OwnDatasets(logging.Filter):
 
 UNSAFE_CODE_FIX = ("On the command line add --confirm_run_unsafe_code: the code tasks execute model-written programs "
                    "(spot_eval runs them in a sandboxed subprocess).")
+CODE_EVAL_FIX = ("Set HF_ALLOW_CODE_EVAL=1 in the environment (HF_ALLOW_CODE_EVAL=1 lm_eval ...): they score through "
+                 "evaluate's code_eval, which refuses to run without it (`spot-eval cache-datasets` installs one that "
+                 "runs them in the sandbox).")
 
 
 def _consents_first(simple_evaluate):
-    """A `--model spot` run of code tasks without --confirm_run_unsafe_code stops before the model loads
-    (lm-eval checks only in `evaluate()`, after it)."""
+    """A `--model spot` run of code tasks without the consents they need (--confirm_run_unsafe_code for every
+    code task, HF_ALLOW_CODE_EVAL=1 for those scored by evaluate's code_eval) stops before the model loads, in one
+    line naming what is missing. lm-eval checks the first only in `evaluate()`, after the model has loaded, and
+    the second when it imports the task's utils."""
 
     @functools.wraps(simple_evaluate)
     def wrapped(*args, **kwargs):
         manager, tasks = kwargs.get("task_manager"), kwargs.get("tasks")
-        if kwargs.get("model") == "spot" and not kwargs.get("confirm_run_unsafe_code") and manager is not None and tasks:
-            from spot_eval.harness.consents import unsafe_tasks
+        if kwargs.get("model") == "spot" and manager is not None and tasks:
+            from spot_eval.harness.consents import code_tasks
 
-            unsafe = unsafe_tasks(manager.task_index, [tasks] if isinstance(tasks, str) else tasks)
-            if unsafe:
-                raise ValueError(f"{', '.join(unsafe)} run model-written code. {UNSAFE_CODE_FIX}")
+            found = code_tasks(manager.task_index, [tasks] if isinstance(tasks, str) else tasks)
+            missing = []
+            if found and not kwargs.get("confirm_run_unsafe_code"):
+                missing.append(f"{', '.join(t.name for t in found)} run model-written code. {UNSAFE_CODE_FIX}")
+            needs_env = [t.name for t in found if t.code_eval]
+            if needs_env and os.environ.get("HF_ALLOW_CODE_EVAL") != "1":
+                missing.append(f"{', '.join(needs_env)} need HF_ALLOW_CODE_EVAL=1. {CODE_EVAL_FIX}")
+            if missing:
+                raise ValueError(" ".join(missing))
         return simple_evaluate(*args, **kwargs)
 
     wrapped._spot_wrapped = True
