@@ -13,6 +13,7 @@ from dataclasses import dataclass
 POLICIES = ("single", "threshold", "static", "dynamic")
 SCHEDULED = ("static", "dynamic")  # the policies that follow SDAR's per-step commit counts (`steps`)
 ACCEPTANCES = ("exact", "max_commit")  # how the walk follows the target down a draft tree (spot.acceptance)
+CONFIDENCES = ("probability", "margin", "entropy", "random")  # what ranks the masked positions (spot.policy.confidence_of)
 SEED_LIMIT = 2**32  # the noise key mixes the seed as one 32-bit word (spot.noise): larger seeds would alias
 
 
@@ -79,6 +80,15 @@ class DecodeConfig:
         state behind it (a cross piece, [finished block | next block], block-causal inside), so that the
         forward that finishes a block also takes the next block's first step. Lossless (the output does not
         depend on it); block-causal targets only (spot.targets.base.Target.cross_block).
+    stop_at_eos: end the request at the block that writes an EOS (True, what lm-eval users want, and
+        faster); False writes every block to gen_length as LLaDA's, Dream's and Fast-dLLM's reference
+        generators do: the EOS padding is decoded (and counted in forwards) and kept in the token ids, and
+        the text is still the part before the first EOS.
+    confidence: what ranks the masked positions, for every policy: "probability" of the drawn token (LLaDA's
+        low_confidence, SDAR's, Dream's maskgit_plus), "margin" top-1 minus top-2 probability (Dream's
+        topk_margin), "entropy" the negative entropy of the position's distribution (Dream's entropy),
+        "random" a uniform draw per position from the counter-keyed noise (LLaDA's and Dream's random
+        orders; lossless, since every node of a tree is scored with the same draw).
     """
 
     policy: str = "single"
@@ -92,6 +102,8 @@ class DecodeConfig:
     stop_strings: tuple[str, ...] = ()
     acceptance: str = "exact"
     cross_block: bool = False
+    stop_at_eos: bool = True
+    confidence: str = "probability"
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -104,8 +116,11 @@ class DecodeConfig:
                              f"which the {self.policy!r} policy has no use of; use policy 'threshold' (the harness's unmasking=threshold, "
                              "--unmasking threshold) or acceptance 'exact' (method sets in place of sets_max)")
         _finite("threshold", self.threshold)
-        if not isinstance(self.cross_block, bool):
-            raise ValueError(f"cross_block must be True or False, got {self.cross_block!r}")
+        for name in ("cross_block", "stop_at_eos"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        if self.confidence not in CONFIDENCES:
+            raise ValueError(f"unknown confidence {self.confidence!r}; choose one of {', '.join(CONFIDENCES)}")
         for name in ("block_length", "gen_length", "seed", "budget"):
             _whole(name, getattr(self, name))
         if not 0.0 < self.threshold <= 1.0:

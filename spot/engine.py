@@ -90,8 +90,8 @@ class DecodeStats:
 
 @dataclass(frozen=True)
 class Generation:
-    token_ids: tuple[int, ...]  # new tokens, cut before EOS / a stop string / at gen_length
-    text: str | None  # the decoded tokens (when a decode function was given)
+    token_ids: tuple[int, ...]  # new tokens, cut before EOS / a stop string / at gen_length; every one with stop_at_eos=False
+    text: str | None  # the decoded tokens before the first EOS and stop string (when a decode function was given)
     finish_reason: str  # "eos" | "stop" | "length"
     stats: DecodeStats
     trajectory: tuple[BlockTrace, ...] | None  # with record=True
@@ -143,7 +143,10 @@ def generate(
     if config.budget > 0 and drafter is None:
         raise ValueError(f"budget {config.budget} needs a drafter; use budget 0 for draft-free decoding")
     end = n_prompt + config.gen_length
-    n_positions = math.ceil(end / k) * k
+    # Blocks tile the canvas from `origin`: position 0, or the prompt's end (Target.blocks_at_prompt_end).
+    origin = n_prompt if target.blocks_at_prompt_end else 0
+    n_blocks = math.ceil((end - origin) / k)
+    n_positions = origin + n_blocks * k
     if n_positions > target.max_positions:
         raise ValueError(
             f"a {n_prompt}-token prompt plus gen_length {config.gen_length} needs {n_positions} positions "
@@ -163,14 +166,15 @@ def generate(
                 f"Use a budget of at most {max(room - 1, 0)}" + (" (or a device with more memory)." if room > 1 else ": none fits; free memory or use a larger device.")
             )
     t0, forwards0, timings = time.perf_counter(), target.forwards, []
-    target.start(prompt[: n_prompt // k * k], n_positions)
+    first = (n_prompt - origin) // k  # the first block with a position to generate
+    target.start(prompt[: origin + first * k], n_positions)
     out: list[int] = []
     lengths: list[int] = []
     traces: list[BlockTrace] = []
     finish = "length"
-    n_blocks, ahead = n_positions // k, None
-    for block in range(n_prompt // k, n_blocks):
-        start = block * k
+    ahead = None
+    for block in range(first, n_blocks):
+        start = origin + block * k
         state = torch.full((k,), target.mask_id, dtype=torch.long)
         state[: max(n_prompt - start, 0)] = prompt[start:n_prompt]  # a partial prompt block is never masked
         lo, hi = max(n_prompt - start, 0), min(end - start, k)
@@ -180,20 +184,23 @@ def generate(
                                       sizing, ahead, following)
         if record:
             traces.append(recorder.trace(states))
-        new = states[-1][lo:hi].tolist()
-        eos_at = next((i for i, t in enumerate(new) if t in target.eos_ids), None)
-        out += new[:eos_at]
-        if eos_at is not None:
-            finish = "eos"
-            break
-        if config.stop_strings and decode is not None and cut_at_stop(out, config.stop_strings, decode) is not None:
-            finish = "stop"
-            break
+        out += states[-1][lo:hi].tolist()
+        if config.stop_at_eos:
+            eos_at = _first_eos(out, target.eos_ids)
+            if eos_at is not None:
+                out, finish = out[:eos_at], "eos"
+                break
+            if config.stop_strings and decode is not None and cut_at_stop(out, config.stop_strings, decode) is not None:
+                finish = "stop"
+                break
         target.commit(states[-1])
+    answer = out  # the tokens before the first EOS: with stop_at_eos=False, `out` also keeps the padding after it
+    if not config.stop_at_eos and (eos_at := _first_eos(out, target.eos_ids)) is not None:
+        answer, finish = out[:eos_at], "eos"
     text = None
     if decode is not None:
-        cut = cut_at_stop(out, config.stop_strings, decode) if config.stop_strings else None
-        out, text = (out, decode(out)) if cut is None else cut
+        cut = cut_at_stop(answer, config.stop_strings, decode) if config.stop_strings else None
+        answer, text = (answer, decode(answer)) if cut is None else cut
     stats = DecodeStats(
         forwards=target.forwards - forwards0,
         steps=sum(lengths),
@@ -201,7 +208,11 @@ def generate(
         seconds=time.perf_counter() - t0,
         timings=tuple(timings),
     )
-    return Generation(tuple(out), text, finish, stats, tuple(traces) if record else None)
+    return Generation(tuple(answer if config.stop_at_eos else out), text, finish, stats, tuple(traces) if record else None)
+
+
+def _first_eos(tokens: list[int], eos_ids: frozenset[int]) -> int | None:
+    return next((i for i, t in enumerate(tokens) if t in eos_ids), None)
 
 
 class _Recorder:
@@ -253,11 +264,12 @@ def _decode_block(target, state, start, block, lo, hi, config, drafter, request,
     """Advance one block to `finished`; returns the states after each step and, where the forward that finished
     it verified the next block's first state too (`following`, the next block's first state, with cross_block),
     that piece's outputs. Each forward's timing goes to `timings`; `ahead` is the previous block's."""
-    mask_id, eos = target.mask_id, target.eos_ids
+    # Without stop_at_eos an EOS ends nothing: a block is finished when no mask is left in it.
+    mask_id, eos = target.mask_id, target.eos_ids if config.stop_at_eos else frozenset()
     noise: dict[int, torch.Tensor | None] = {}
 
     def step_noise(step: int) -> torch.Tensor | None:
-        if config.sampling.temperature == 0:
+        if config.sampling.temperature == 0 and config.confidence != "random":  # the random order reads the noise too
             return None
         if step not in noise:
             key = step_key(config.seed, request, block, step)

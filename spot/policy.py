@@ -60,28 +60,59 @@ def filtered_logits(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
 
 
 def propose(
-    logits: torch.Tensor, gumbel: torch.Tensor | None, sampling: Sampling, mask_id: int, margins: bool = False
+    logits: torch.Tensor,
+    gumbel: torch.Tensor | None,
+    sampling: Sampling,
+    mask_id: int,
+    margins: bool = False,
+    confidence: str = "probability",
 ) -> Proposal:
     """The token and confidence at every position of one state.
 
     Args:
         logits: [K, V] target logits for the state (any float dtype; computed in float64).
-        gumbel: [K, V] float64 noise of this step, or None at temperature 0.
+        gumbel: [K, V] float64 noise of this step; None at temperature 0 unless the confidence is "random".
         mask_id: never sampled, so a committed position can never look masked.
         margins: also return each token's lead over the runner-up (`Proposal.token_margin`).
+        confidence: the rule that ranks positions (DecodeConfig.confidence; `confidence_of`).
     """
     z = logits.to(torch.float64)
     z[:, mask_id] = float("-inf")
     z = filtered_logits(z, sampling)
     score = z + gumbel if sampling.temperature > 0 else z  # [K, V]
     tokens = torch.argmax(score, dim=-1)  # [K]
-    confidence = torch.softmax(z, dim=-1).gather(-1, tokens[:, None])[:, 0]  # [K]
+    probs = torch.softmax(z, dim=-1)  # [K, V]
+    conf = confidence_of(confidence, probs, tokens, gumbel, mask_id)
     if not margins:
-        return Proposal(tokens=tokens, confidence=confidence)
+        return Proposal(tokens=tokens, confidence=conf)
     best = score.gather(-1, tokens[:, None])[:, 0]  # [K]
     runner_up = score.scatter(-1, tokens[:, None], float("-inf")).max(dim=-1).values  # [K]
     scale = sampling.temperature if sampling.temperature > 0 else 1.0  # score units are logits / T
-    return Proposal(tokens=tokens, confidence=confidence, token_margin=(best - runner_up) * scale)
+    return Proposal(tokens=tokens, confidence=conf, token_margin=(best - runner_up) * scale)
+
+
+def confidence_of(rule: str, probs: torch.Tensor, tokens: torch.Tensor, gumbel: torch.Tensor | None, mask_id: int) -> torch.Tensor:
+    """[K] float64 in [0, 1], higher commits first, from probs [K, V] (filtered, temperature-scaled, the mask token
+    at 0) and the drawn tokens [K]:
+
+        probability  p(drawn token): LLaDA's low_confidence, SDAR's and Dream's maskgit_plus
+        margin       p(top-1) - p(top-2): Dream's topk_margin
+        entropy      exp(sum p log p) = exp(-H), the order of Dream's negative entropy, kept in (0, 1]
+        random       the uniform behind the step's noise at the mask token, an entry no draw uses: one
+                     counter-keyed draw per position, so that every tree node of a step sees the same order
+    """
+    if rule == "probability":
+        return probs.gather(-1, tokens[:, None])[:, 0]
+    if rule == "margin":
+        top = torch.topk(probs, min(2, probs.shape[-1]), dim=-1).values  # [K, 2]
+        return top[:, 0] - top[:, 1] if top.shape[-1] > 1 else top[:, 0]
+    if rule == "entropy":
+        return torch.exp(torch.special.xlogy(probs, probs).sum(dim=-1))
+    if rule == "random":
+        if gumbel is None:
+            raise ValueError("confidence 'random' ranks positions by the step's noise; pass it at every temperature")
+        return torch.exp(-torch.exp(-gumbel[:, mask_id]))  # Gumbel's CDF: the uniform it was drawn from
+    raise ValueError(f"unknown confidence {rule!r}")
 
 
 def ranked(masked: torch.Tensor, confidence: torch.Tensor) -> torch.Tensor:
@@ -141,7 +172,7 @@ def decide(
     margins: bool = False,
 ) -> tuple[torch.Tensor, Proposal]:
     """`next_state`, and the proposal it was decided on (with token margins on request)."""
-    proposal = propose(logits, gumbel, config.sampling, mask_id, margins)
+    proposal = propose(logits, gumbel, config.sampling, mask_id, margins, config.confidence)
     chosen = select(state == mask_id, proposal.confidence, config, step)
     return torch.where(chosen, proposal.tokens, state), proposal
 

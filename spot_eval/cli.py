@@ -83,6 +83,12 @@ def _decode_flags(p: argparse.ArgumentParser) -> None:
                    help="verify each draft piece exactly as a one-piece forward: tokens equal draft-free bit for bit in any dtype")
     p.add_argument("--cross-block", action="store_true",
                    help="a drafted node that finishes its block carries the next block's first state into the verify (lossless)")
+    p.add_argument("--confidence", default="probability",
+                   help="what ranks the masked positions: probability (LLaDA, SDAR, Dream's maskgit_plus) | margin "
+                        "(Dream's topk_margin) | entropy (Dream's entropy) | random (a counter-keyed random order)")
+    p.add_argument("--stop-at-eos", action=argparse.BooleanOptionalAction, default=True,
+                   help="end at the block that writes an EOS (default); --no-stop-at-eos writes every block to "
+                        "--gen-length, as LLaDA's, Dream's and Fast-dLLM's generators do")
     _threads_flag(p)
 
 
@@ -113,6 +119,8 @@ def _decode(args: argparse.Namespace) -> None:
         steps=args.steps,
         cache=args.cache,
         cross_block=args.cross_block,
+        stop_at_eos=args.stop_at_eos,
+        confidence=args.confidence,
     )
     if args.json:
         print(json.dumps(result))

@@ -104,13 +104,15 @@ def write_dream(path: Path, model: Qwen2ForCausalLM) -> Path:
 TARGETS = {"llada": (tiny_llada, write_llada, False), "dream": (tiny_dream, write_dream, True)}
 
 
-def reference_decode(model, shift: bool, prompt: list[int], config: DecodeConfig, cache: str) -> list[int]:
+def reference_decode(model, shift: bool, prompt: list[int], config: DecodeConfig, cache: str, at_prompt_end: bool = True) -> list[int]:
     """Draft-free decoding written from the frozen-cache definition, on transformers' own SDAR-free path:
     at block start a full forward over the canvas with a DynamicCache; each later step feeds the live rows
-    with a DynamicCache holding the frozen positions' keys and values, under an all-true mask."""
+    with a DynamicCache holding the frozen positions' keys and values, under an all-true mask. Blocks start at
+    the prompt's end (LLaDA's generate.py), or on the grid from position 0."""
     k, n = config.block_length, len(prompt)
     end = n + config.gen_length
-    whole = -(-end // k) * k
+    origin = n if at_prompt_end else 0
+    whole = origin + -(-(end - origin) // k) * k
     tokens = torch.full((whole,), MASK)
     tokens[:n] = torch.tensor(prompt)
 
@@ -121,8 +123,9 @@ def reference_decode(model, shift: bool, prompt: list[int], config: DecodeConfig
 
     out = []
     with torch.no_grad():
-        for block in range(n // k, whole // k):
-            start, lo, hi = block * k, max(n - block * k, 0), min(end - block * k, k)
+        for block in range((n - origin) // k, (whole - origin) // k):
+            start = origin + block * k
+            lo, hi = max(n - start, 0), min(end - start, k)
             length = start + k if cache == "nosuffix" else whole  # the canvas this block sees
             live = torch.arange(0 if cache == "none" else start, start + k if cache in ("dual", "nosuffix") else length)
             step, frozen, before = 0, None, None
@@ -147,10 +150,9 @@ def reference_decode(model, shift: bool, prompt: list[int], config: DecodeConfig
                     noise = gumbel(step_key(config.seed, 0, block, step), k, VOCAB, torch.device("cpu"))
                 tokens[start : start + k], _ = decide(tokens[start : start + k], logits, noise, config, MASK, step)
                 step += 1
-            new = tokens[start + lo : start + hi].tolist()
-            if EOS in new:
-                return out + new[: new.index(EOS)]
-            out += new
+            out += tokens[start + lo : start + hi].tolist()
+            if config.stop_at_eos and EOS in out:
+                return out[: out.index(EOS)]
     return out
 
 
@@ -198,10 +200,11 @@ def test_the_decoder_equals_a_slow_implementation_of_its_definition(name, cache,
     model = build(seed=2)
     config = DecodeConfig(block_length=8, gen_length=28, sampling=Sampling(temperature), seed=3)
     for prompt in (list(range(1, 12)), list(range(5, 21))):  # a partial and a whole prompt block
-        slow = reference_decode(model, shift, prompt, config, cache)
-        target = DualCacheTarget(model, MASK, frozenset({EOS}), 8, cache=cache, shift=shift)
-        assert list(generate(target, prompt, config).token_ids) == slow, (name, cache, prompt)
-        assert len(slow) == 28
+        for at_prompt_end in (True, False):
+            slow = reference_decode(model, shift, prompt, config, cache, at_prompt_end)
+            target = DualCacheTarget(model, MASK, frozenset({EOS}), 8, cache=cache, shift=shift, blocks_at_prompt_end=at_prompt_end)
+            assert list(generate(target, prompt, config).token_ids) == slow, (name, cache, prompt, at_prompt_end)
+            assert len(slow) == 28
 
 
 @pytest.mark.parametrize("name", list(TARGETS))

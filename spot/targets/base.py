@@ -27,11 +27,17 @@ class Target(Protocol):
     forwards: int  # model calls so far (prefill, verify and block commits alike)
     hidden: torch.Tensor | None  # [P, K, d] the last verify's LM-head inputs per piece and position (no extra forward)
     cross_block: bool  # whether `verify` takes cross pieces (`ahead`)
+    # Where the first generated block starts: at the prompt's end (LLaDA's and Dream's reference generators,
+    # whose blocks tile the generation only), else on the grid of whole blocks from position 0 (SDAR and
+    # LLaDA2.0, trained block-causally on that grid), the prompt's last partial block decoded with the first
+    # generated tokens.
+    blocks_at_prompt_end: bool
 
     def start(self, prefix: torch.Tensor, positions: int | None = None) -> None:
-        """Forget any previous request; `prefix` [L] (L a multiple of K) is the cache to build.
+        """Forget any previous request; `prefix` [L] is the cache to build.
 
-        The prefix is the prompt's complete blocks. Implementations may fold its forward into
+        The prefix is the prompt's complete blocks (L a multiple of K), or the whole prompt with
+        `blocks_at_prompt_end`. Implementations may fold its forward into
         the first `verify` call. positions: the request's canvas (prompt and generation in whole
         blocks), which a target attending past the active block needs.
         """
@@ -92,6 +98,7 @@ class ModelTarget:
         self.forwards = 0
         self.hidden: torch.Tensor | None = None
         self.cross_block = False
+        self.blocks_at_prompt_end = False
         self.cache: str | None = None
 
     def embeddings(self) -> torch.Tensor:

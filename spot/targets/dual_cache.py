@@ -25,9 +25,9 @@ own). The block's first position then reads a row before the block; where that r
 final hidden state is frozen with the KV at block start [INF: Fast-dLLM instead commits the block's
 first token from the block-start forward, which our policies need not do].
 
-Blocks are aligned to absolute position 0, as for the block-causal targets, so a prompt's last
-partial block is decoded with the first generated tokens [INF: LLaDA's generate.py starts the first
-block at the prompt's end].
+Blocks start at the prompt's end, as in LLaDA's generate.py and Fast-dLLM's generators [CODE]: the
+canvas is [prompt | generation in whole blocks] (`blocks_at_prompt_end`; False puts them on the grid
+from position 0, as for the block-causal targets).
 """
 
 from __future__ import annotations
@@ -117,6 +117,7 @@ class DualCacheTarget(ModelTarget):
         name: str = "",
         cache: str = "dual",
         shift: bool = False,
+        blocks_at_prompt_end: bool = True,
     ) -> None:
         if cache not in CACHES:
             raise ValueError(f"cache {cache!r} is not one of {', '.join(CACHES)}")
@@ -128,6 +129,7 @@ class DualCacheTarget(ModelTarget):
         super().__init__(model, mask_id, eos_ids, block_length, tokenizer, name)
         self.cache = cache
         self.shift = shift
+        self.blocks_at_prompt_end = blocks_at_prompt_end
         self._tokens = torch.empty(0, dtype=torch.long, device=self.device)  # [start]: the committed canvas
         self._length = 0  # canvas positions
         self._layout: FrozenLayout | None = None  # the active block's frozen KV
@@ -153,9 +155,9 @@ class DualCacheTarget(ModelTarget):
     # -- the Target protocol ----------------------------------------------------------------------
 
     def start(self, prefix: torch.Tensor, positions: int | None = None) -> None:
-        if prefix.numel() % self.block_length:
+        if prefix.numel() % self.block_length and not self.blocks_at_prompt_end:
             raise ValueError(f"prefix length {prefix.numel()} is not a multiple of the block length {self.block_length}")
-        if positions is None or positions % self.block_length or positions <= prefix.numel():
+        if positions is None or (positions - prefix.numel()) % self.block_length or positions <= prefix.numel():
             raise ValueError(f"a bidirectional target needs the request's canvas length in whole blocks after the "
                              f"{prefix.numel()}-token prefix, got positions={positions}")
         self._tokens = prefix.to(self.device, torch.long)

@@ -38,6 +38,8 @@ def decode_prompt(
     max_budget: int = MAX_BUDGET,
     cache: str | None = None,
     cross_block: bool = False,
+    stop_at_eos: bool = True,
+    confidence: str = "probability",
 ) -> dict:
     """drafter_path: the method's checkpoint or graph (default: the one shipped for the block
     length). With spiffy the budget is D*, the nodes kept by Spiffy's online pruning. exact: verify
@@ -70,6 +72,8 @@ def decode_prompt(
         seed=seed,
         budget=budget,
         cross_block=cross_block,
+        stop_at_eos=stop_at_eos,
+        confidence=confidence,
     )
     spec = None if method == DRAFT_FREE else MethodSpec(method, budget, drafter_path, auto)
     if spec is not None:
@@ -108,6 +112,8 @@ def decode_prompt(
         "block_length": model.block_length,
         "exact": exact,
         "cross_block": cross_block,
+        "stop_at_eos": stop_at_eos,
+        "confidence": confidence,
         "cache": getattr(model, "cache", None),
         "dtype": str(model.model.dtype).removeprefix("torch."),
     }

@@ -51,6 +51,8 @@ class SpotArgs:
     threshold: float = 0.9
     cross_block: bool = False  # a drafted node that finishes its block carries the next block's first state (lossless)
     steps: int | None = None  # SDAR's denoising_steps per block, for static and dynamic
+    confidence: str = "probability"  # what ranks masked positions: probability | margin | entropy | random (spot.config)
+    stop_at_eos: bool = True  # false: every block to gen_length, as the LLaDA/Dream/Fast-dLLM references write
     block_length: int | None = None
     gen_length: int = 256  # where a task names no max_gen_toks (a task's wins, and --gen_kwargs max_gen_toks=N over both)
     temperature: float = 0.0
@@ -99,6 +101,8 @@ class SpotArgs:
             sampling=Sampling(self.temperature, self.top_k, self.top_p),
             seed=self.seed,
             cross_block=self.cross_block,
+            stop_at_eos=self.stop_at_eos,
+            confidence=self.confidence,
         )
 
 
