@@ -145,6 +145,8 @@ LM_CASES = [
     ({"top_k": 2.5}, "top_k=2.5 is not a whole number"),
     ({"top_p": 0}, "top_p must be in (0, 1]"),
     ({"threshold": 2}, "threshold must be in (0, 1]"),
+    ({"confidence": "low"}, "unknown confidence 'low'; choose one of probability, margin, entropy, random"),
+    ({"stop_at_eos": "maybe"}, "stop_at_eos='maybe' is not a boolean; write stop_at_eos=true or stop_at_eos=false"),
     ({"seed": 4294967296}, "seed must be in [0, 2**32), got 4294967296"),
     ({"device": "foo"}, "device='foo' is not a device; use auto, cpu, cuda or cuda:N"),
     ({"device": "cuda:7"}, "device='cuda:7' but "),  # no CUDA here, or fewer than 8 devices

@@ -77,3 +77,16 @@ def test_bad_input_is_one_clear_line(checkpoint, capsys, args, message):
 def test_a_missing_target_is_named(tmp_path, capsys):
     run = run_cli(capsys, "decode", "--target", str(tmp_path / "none"), "--prompt", "x")
     assert run.returncode == 2 and "is not a directory" in run.stderr
+
+
+def test_decode_takes_the_reference_rules(checkpoint, capsys):
+    """--confidence and --no-stop-at-eos reach the decoder, and an oracle drafter under them is lossless."""
+    written = decode(capsys, checkpoint, "--confidence", "margin", "--no-stop-at-eos")
+    assert written["stop_at_eos"] is False and written["confidence"] == "margin"
+    assert len(written["token_ids"]) == 40  # every block, to --gen-length
+    oracle = decode(capsys, checkpoint, "--confidence", "margin", "--no-stop-at-eos", "--method", "oracle", "--budget", "4")
+    assert oracle["token_ids"] == written["token_ids"] and oracle["forwards"] < written["forwards"]
+    entropy = decode(capsys, checkpoint, "--confidence", "entropy")
+    assert entropy["stop_at_eos"] is True and entropy["confidence"] == "entropy"
+    bad = run_cli(capsys, *DECODE, "--target", checkpoint, "--confidence", "low")
+    assert bad.returncode == 2 and "unknown confidence 'low'; choose one of probability, margin, entropy, random" in bad.stderr
