@@ -10,8 +10,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-POLICIES = ("single", "threshold", "static", "dynamic")
+import torch
+
+POLICIES = ("single", "threshold", "static", "dynamic", "timestep")
 SCHEDULED = ("static", "dynamic")  # the policies that follow SDAR's per-step commit counts (`steps`)
+STEPPED = (*SCHEDULED, "timestep")  # the policies that take `steps`
+DREAM_EPS = 1e-3  # the last timestep of Dream's schedule, linspace(1, eps, steps + 1) (its generation_config default)
 ACCEPTANCES = ("exact", "max_commit")  # how the walk follows the target down a draft tree (spot.acceptance)
 CONFIDENCES = ("probability", "margin", "entropy", "random")  # what ranks the masked positions (spot.policy.confidence_of)
 SEED_LIMIT = 2**32  # the noise key mixes the seed as one 32-bit word (spot.noise): larger seeds would alias
@@ -64,9 +68,18 @@ class DecodeConfig:
         low_confidence_static), "dynamic" every masked position with confidence > `threshold`
         (strictly) when there are at least k_s of them, else the k_s most confident (SDAR's
         low_confidence_dynamic); k_s is SDAR's `get_num_transfer_tokens` split of the block into
-        `steps` steps.
-    steps: denoising steps per block for static and dynamic (SDAR's `denoising_steps`; None: the
-        block length, one commit per step).
+        `steps` steps. "timestep" is Dream's schedule: step i of `steps` commits the int(n * (1 - s/t))
+        most confident of the n masked positions, t and s its two timesteps of linspace(1, eps, steps + 1)
+        in float32, and the last step all of them; a step may commit none (its forward then serves the
+        next step too). With confidence "random" it is Dream's `origin`: each masked position is revealed
+        with probability 1 - s/t. One block of gen_length is Dream's whole-sequence decoding.
+    steps: denoising steps per block for static, dynamic and timestep (SDAR's `denoising_steps`, Dream's
+        `steps`; None: the block length, one commit per step for static and dynamic).
+    mask_in_softmax: the confidence's softmax (and top-k / top-p) also counts the mask token, as SDAR's, LLaDA's
+        and Dream's generators compute it; False (the default) leaves it out. The mask is never drawn.
+    alg_temp: timestep only, Dream's `alg_temp`: > 0 draws the positions to commit from
+        softmax(confidence / alg_temp) without replacement (Gumbel-top-k on the step's coupled noise at the
+        mask token), instead of taking the most confident.
     block_length: positions per block (K).
     gen_length: the most new tokens to produce.
     seed: the root of the counter-keyed noise; (seed, request) fixes the whole output.
@@ -104,6 +117,8 @@ class DecodeConfig:
     cross_block: bool = False
     stop_at_eos: bool = True
     confidence: str = "probability"
+    mask_in_softmax: bool = False
+    alg_temp: float = 0.0
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -116,7 +131,7 @@ class DecodeConfig:
                              f"which the {self.policy!r} policy has no use of; use policy 'threshold' (the harness's unmasking=threshold, "
                              "--unmasking threshold) or acceptance 'exact' (method sets in place of sets_max)")
         _finite("threshold", self.threshold)
-        for name in ("cross_block", "stop_at_eos"):
+        for name in ("cross_block", "stop_at_eos", "mask_in_softmax"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if self.confidence not in CONFIDENCES:
@@ -135,17 +150,40 @@ class DecodeConfig:
             raise ValueError(f"seed must be in [0, 2**32), got {self.seed}: the noise key holds 32 bits of it")
         if self.steps is not None:
             _whole("steps", self.steps)
-            if self.policy not in SCHEDULED:
-                raise ValueError(f"steps applies to the {' and '.join(SCHEDULED)} policies, not {self.policy!r}; drop steps")
+            if self.policy not in STEPPED:
+                raise ValueError(f"steps applies to the {', '.join(STEPPED)} policies, not {self.policy!r}; drop steps")
             if not 1 <= self.steps <= self.block_length:
                 raise ValueError(f"steps must be in [1, block_length = {self.block_length}], got {self.steps}")
+        _finite("alg_temp", self.alg_temp)
+        if self.alg_temp < 0:
+            raise ValueError(f"alg_temp must be >= 0 (0 = the most confident positions), got {self.alg_temp}")
+        if self.alg_temp > 0 and (self.policy != "timestep" or self.confidence == "random"):
+            raise ValueError("alg_temp applies to the timestep policy with a confidence other than random (Dream's "
+                             f"maskgit_plus, topk_margin, entropy), not policy {self.policy!r} with confidence "
+                             f"{self.confidence!r}; drop alg_temp")
 
-    def commit_count(self, step: int) -> int:
+    def commit_count(self, step: int, masked: int | None = None) -> int:
         """k_s: how many of the most confident masked positions step `step` of a block commits (at
         least; the threshold rules may add more). SDAR's get_num_transfer_tokens: block_length // steps
-        each, the remainder one each to the first steps; 1 for single and threshold."""
+        each, the remainder one each to the first steps; 1 for single and threshold; for timestep, Dream's
+        int(masked * (1 - s/t)) of the `masked` positions left (all of them at the last step)."""
+        if self.policy == "timestep":
+            if masked is None:
+                raise ValueError("the timestep policy's commit count depends on the masked positions left; pass masked")
+            fraction = self.transfer_fraction(step)
+            return masked if fraction is None else int(torch.tensor(masked, dtype=torch.float32) * fraction)
         if self.policy not in SCHEDULED:
             return 1
         steps = self.steps or self.block_length
         base, remainder = divmod(self.block_length, steps)
         return base + (min(step, steps - 1) < remainder)
+
+    def transfer_fraction(self, step: int) -> torch.Tensor | None:
+        """Dream's 1 - s/t at step `step` (a float32 scalar), None at the last step (and after it), which
+        commits every masked position: t = timesteps[step], s = timesteps[step + 1] of
+        linspace(1, DREAM_EPS, steps + 1) in float32, as Dream computes them."""
+        steps = self.steps or self.block_length
+        if step >= steps - 1:
+            return None
+        timesteps = torch.linspace(1, DREAM_EPS, steps + 1)  # float32, as Dream's
+        return 1 - timesteps[step + 1] / timesteps[step]

@@ -269,8 +269,8 @@ def _decode_block(target, state, start, block, lo, hi, config, drafter, request,
     noise: dict[int, torch.Tensor | None] = {}
 
     def step_noise(step: int) -> torch.Tensor | None:
-        if config.sampling.temperature == 0 and config.confidence != "random":  # the random order reads the noise too
-            return None
+        if config.sampling.temperature == 0 and config.confidence != "random" and config.alg_temp == 0:
+            return None  # (the random order and alg_temp's draw read the noise at the mask token)
         if step not in noise:
             key = step_key(config.seed, request, block, step)
             noise[step] = gumbel(key, target.block_length, target.vocab_size, target.device)
@@ -323,7 +323,8 @@ def _decode_block(target, state, start, block, lo, hi, config, drafter, request,
             state, proposal = decide(stale_state.to(logits.device), stale, step_noise(step + advanced), config, mask_id,
                                      step + advanced, margins=recorder.margins)
             state = state.cpu()
-            if torch.equal(state, stale_state.cpu()):  # select() commits >= 1 position unless its inputs are broken
+            # select() commits >= 1 position unless its inputs are broken, or a timestep step's count is 0
+            if torch.equal(state, stale_state.cpu()) and config.policy != "timestep":
                 raise RuntimeError(
                     f"request {request}, block {block}, step {step + advanced}: the step committed no position; "
                     "the policy's confidences are not numbers (check the sampling settings and the logits)"

@@ -66,6 +66,7 @@ def propose(
     mask_id: int,
     margins: bool = False,
     confidence: str = "probability",
+    mask_in_softmax: bool = False,
 ) -> Proposal:
     """The token and confidence at every position of one state.
 
@@ -75,11 +76,15 @@ def propose(
         mask_id: never sampled, so a committed position can never look masked.
         margins: also return each token's lead over the runner-up (`Proposal.token_margin`).
         confidence: the rule that ranks positions (DecodeConfig.confidence; `confidence_of`).
+        mask_in_softmax: the mask token keeps its share of the softmax (and of top-k / top-p), as SDAR, LLaDA
+            and Dream compute confidences; it is never drawn either way.
     """
     z = logits.to(torch.float64)
-    z[:, mask_id] = float("-inf")
+    if not mask_in_softmax:
+        z[:, mask_id] = float("-inf")
     z = filtered_logits(z, sampling)
-    score = z + gumbel if sampling.temperature > 0 else z  # [K, V]
+    score = z + gumbel if sampling.temperature > 0 else z.clone()  # [K, V]
+    score[:, mask_id] = float("-inf")
     tokens = torch.argmax(score, dim=-1)  # [K]
     probs = torch.softmax(z, dim=-1)  # [K, V]
     conf = confidence_of(confidence, probs, tokens, gumbel, mask_id)
@@ -130,8 +135,11 @@ def select(masked: torch.Tensor, confidence: torch.Tensor, config: DecodeConfig,
     Returns:
         [K] bool, the positions to commit (always >= 1, always a subset of `masked`).
     """
+    if config.policy == "timestep" and config.confidence == "random":  # Dream's origin: each revealed with p = 1 - s/t
+        fraction = config.transfer_fraction(step)
+        return masked.clone() if fraction is None else masked & (confidence < float(fraction))
     chosen = torch.zeros_like(masked)
-    chosen[ranked(masked, confidence)[: config.commit_count(step)]] = True
+    chosen[ranked(masked, confidence)[: config.commit_count(step, int(masked.sum()))]] = True
     if config.policy == "threshold":
         chosen |= masked & (confidence >= config.threshold)
     elif config.policy == "dynamic":
@@ -172,8 +180,11 @@ def decide(
     margins: bool = False,
 ) -> tuple[torch.Tensor, Proposal]:
     """`next_state`, and the proposal it was decided on (with token margins on request)."""
-    proposal = propose(logits, gumbel, config.sampling, mask_id, margins, config.confidence)
-    chosen = select(state == mask_id, proposal.confidence, config, step)
+    proposal = propose(logits, gumbel, config.sampling, mask_id, margins, config.confidence, config.mask_in_softmax)
+    rank_by = proposal.confidence
+    if config.alg_temp > 0:  # Dream's alg_temp: sampling positions from softmax(confidence / alg_temp) is Gumbel-top-k
+        rank_by = proposal.confidence / config.alg_temp + gumbel[:, mask_id].to(rank_by.device)
+    chosen = select(state == mask_id, rank_by, config, step)
     return torch.where(chosen, proposal.tokens, state), proposal
 
 
@@ -211,7 +222,7 @@ class Margins:
         committed = masked & (after != mask_id)
         log_c = proposal.confidence.to(before.device).log()  # [K]
         order = ranked(masked, log_c)  # [M]
-        k = config.commit_count(step)
+        k = max(config.commit_count(step, int(masked.sum())), 1)  # a timestep step may commit none
         position = float(log_c[order[k - 1]] - log_c[order[k]]) if len(order) > k else None
         threshold = None
         if config.policy in ("threshold", "dynamic"):

@@ -66,10 +66,11 @@ def _decode_flags(p: argparse.ArgumentParser) -> None:
                    help="draft nodes per verify forward (0 with draft_free), or auto: sized per step by this device's verify cost")
     p.add_argument("--max-budget", type=int, default=20, help="the cap of --budget auto")
     p.add_argument("--unmasking", default="single",
-                   help="single | threshold (Fast-dLLM) | static | dynamic (SDAR's low_confidence_static / _dynamic)")
+                   help="single | threshold (Fast-dLLM) | static | dynamic (SDAR's low_confidence_static / _dynamic) | "
+                        "timestep (Dream's schedule over --steps)")
     p.add_argument("--threshold", type=float, default=0.9)
     p.add_argument("--steps", type=int, default=None,
-                   help="SDAR's denoising steps per block, for static and dynamic (default: the block length)")
+                   help="denoising steps per block, for static, dynamic (SDAR's) and timestep (Dream's) (default: the block length)")
     p.add_argument("--gen-length", type=int, default=256)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-k", type=int, default=0)
@@ -86,6 +87,10 @@ def _decode_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--confidence", default="probability",
                    help="what ranks the masked positions: probability (LLaDA, SDAR, Dream's maskgit_plus) | margin "
                         "(Dream's topk_margin) | entropy (Dream's entropy) | random (a counter-keyed random order)")
+    p.add_argument("--mask-in-softmax", action="store_true",
+                   help="the confidence's softmax counts the mask token too, as SDAR's, LLaDA's and Dream's generators do")
+    p.add_argument("--alg-temp", type=float, default=0.0,
+                   help="timestep: draw the positions to commit from softmax(confidence / alg-temp) (Dream's alg_temp; 0: the most confident)")
     p.add_argument("--stop-at-eos", action=argparse.BooleanOptionalAction, default=True,
                    help="end at the block that writes an EOS (default); --no-stop-at-eos writes every block to "
                         "--gen-length, as LLaDA's, Dream's and Fast-dLLM's generators do")
@@ -121,6 +126,8 @@ def _decode(args: argparse.Namespace) -> None:
         cross_block=args.cross_block,
         stop_at_eos=args.stop_at_eos,
         confidence=args.confidence,
+        alg_temp=args.alg_temp,
+        mask_in_softmax=args.mask_in_softmax,
     )
     if args.json:
         print(json.dumps(result))

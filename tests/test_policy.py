@@ -148,7 +148,7 @@ def test_sdar_schedules_split_a_block_as_get_num_transfer_tokens_does():
     assert [DecodeConfig(policy="static", block_length=10, steps=4).commit_count(s) for s in range(4)] == [3, 3, 2, 2]
     assert DecodeConfig(policy="dynamic", block_length=4).commit_count(3) == 1  # steps defaults to the block length
     assert DecodeConfig(policy="single").commit_count(5) == DecodeConfig(policy="threshold").commit_count(0) == 1
-    with pytest.raises(ValueError, match="steps applies to the static and dynamic policies"):
+    with pytest.raises(ValueError, match="steps applies to the static, dynamic, timestep policies"):
         DecodeConfig(policy="single", steps=4)
     with pytest.raises(ValueError, match=r"steps must be in \[1, block_length = 8\], got 9"):
         DecodeConfig(policy="static", block_length=8, steps=9)

@@ -194,3 +194,124 @@ def test_the_random_order_follows_the_seed():
 
     assert order(first) != order(other) and order(first) != order(by_probability)
     assert len(set(order(first))) == len(order(first))  # one position per step, each once
+
+
+# -- Dream's schedule ----------------------------------------------------------------------------
+
+
+def test_the_timestep_schedule_is_dreams_in_float32():
+    """linspace(1, 1e-3, 5) = [1, 0.75025, 0.5005, 0.25075, 0.001]: of 16 masks, int(16 * 0.24975) = 3 (not 4),
+    then int(13 * 0.33289) = 4, int(9 * 0.49900) = 4, and the last step the remaining 5."""
+    config = DecodeConfig(policy="timestep", steps=4, block_length=16)
+    masked, counts = 16, []
+    for step in range(4):
+        counts.append(config.commit_count(step, masked))
+        masked -= counts[-1]
+    assert counts == [3, 4, 4, 5] and masked == 0
+    # With as many steps as positions, the first step's count is int(16 * 0.0624375) = 0.
+    assert DecodeConfig(policy="timestep", steps=16, block_length=16).commit_count(0, 16) == 0
+    with pytest.raises(ValueError, match="steps applies to the static, dynamic, timestep policies"):
+        DecodeConfig(policy="single", steps=4)
+    with pytest.raises(ValueError, match="alg_temp applies to the timestep policy"):
+        DecodeConfig(alg_temp=0.5)
+
+
+def test_a_step_that_commits_nothing_costs_no_forward():
+    """Dream runs a forward for a step whose count is 0; its state, so its logits, are the next step's too:
+    the engine takes that step from the same logits, with the same tokens as the reference."""
+    target = tiny_target(16, seed=2, eos_ids=frozenset())
+    config = DecodeConfig(policy="timestep", steps=16, block_length=16, gen_length=32)
+    g = generate(target, list(range(1, 17)), config, record=True)
+    states = g.trajectory[0].states
+    assert torch.equal(states[0], states[1])  # step 0 committed nothing
+    assert g.stats.steps == 32 and g.stats.forwards < 32 and len(g.token_ids) == 32
+
+
+def full_forward(model, x: torch.Tensor) -> torch.Tensor:
+    """[L, V] float32 logits of one bidirectional forward over the canvas x [L] (an all-true mask: no causality)."""
+    mask = torch.ones(1, 1, len(x), len(x), dtype=torch.bool)
+    hidden = model.model(input_ids=x[None], position_ids=torch.arange(len(x))[None], attention_mask=mask).last_hidden_state[0]
+    return model.lm_head(hidden).float()
+
+
+def dream_generate(model, prompt: list[int], gen_length: int, steps: int, alg: str) -> list[int]:
+    """Dream's diffusion_generate at T = 0 (alg maskgit_plus, topk_margin or entropy), written from its rules
+    (shared/research/method.md 2.4): the whole canvas each step, logits shifted right by one, the softmax over
+    the whole vocabulary (mask included), int(n * (1 - s/t)) positions a step on linspace(1, 1e-3, steps + 1),
+    the last step all; one amendment, the mask token is never drawn."""
+    x = torch.tensor(prompt + [MASK] * gen_length)
+    timesteps = torch.linspace(1, 1e-3, steps + 1)
+    with torch.no_grad():
+        for i in range(steps):
+            mask_index = x == MASK
+            logits = full_forward(model, x)
+            logits = torch.cat([logits[:1], logits[:-1]])  # Dream's shift
+            probs = torch.softmax(logits[mask_index].double(), dim=-1)
+            drawable = probs.clone()
+            drawable[:, MASK] = -1.0
+            x0 = drawable.argmax(dim=-1)
+            confidence = probs.gather(-1, x0[:, None])[:, 0]
+            if alg == "topk_margin":
+                top = probs.sort(dim=-1, descending=True).values
+                confidence = top[:, 0] - top[:, 1]
+            elif alg == "entropy":
+                confidence = (probs * torch.log(probs + 1e-10)).sum(dim=-1)
+            t, s = timesteps[i], timesteps[i + 1]
+            n = mask_index.sum() / 1  # Dream: mask_index.sum() / batch size, a float32 tensor
+            k = int(n * (1 - s / t)) if i < steps - 1 else int(n)
+            full = torch.full(x.shape, float("-inf"), dtype=torch.float64)
+            full[mask_index] = confidence
+            proposed = x.clone()
+            proposed[mask_index] = x0
+            if k > 0:
+                chosen = torch.topk(full, k).indices
+                x[chosen] = proposed[chosen]
+    return x[len(prompt):].tolist()
+
+
+@pytest.mark.parametrize(("alg", "confidence"), [("maskgit_plus", "probability"), ("topk_margin", "margin"), ("entropy", "entropy")])
+def test_dream_decodes_as_diffusion_generate_for_each_alg(alg, confidence):
+    build, _, shift = TARGETS["dream"]
+    model = build(seed=6)
+    for prompt, steps in ((list(range(1, 12)), 10), (list(range(3, 9)), 24)):  # 24 steps: some commit nothing
+        gen = 24
+        target = DualCacheTarget(model, MASK, frozenset({EOS}), gen, cache="none", shift=shift)  # one block: the whole generation
+        config = DecodeConfig(policy="timestep", steps=steps, block_length=gen, gen_length=gen, confidence=confidence,
+                              mask_in_softmax=True, stop_at_eos=False)
+        got = generate(target, prompt, config)
+        assert list(got.token_ids) == dream_generate(model, prompt, gen, steps, alg), (alg, len(prompt), steps)
+        assert got.stats.forwards <= steps
+
+
+def llada_generate(model, prompt: list[int], gen_length: int, block_length: int, steps: int) -> list[int]:
+    """LLaDA's generate.py at T = 0 with low_confidence remasking, written from its rules (method.md): blocks
+    from the prompt's end, `steps` split evenly over the blocks and each block's masks split over its steps
+    (the remainder to the first ones), the whole canvas each step, confidence p(x0) from a float64 softmax over
+    the whole vocabulary, positions past the block at -inf; the mask token is never drawn (one amendment)."""
+    x = torch.tensor(prompt + [MASK] * gen_length)
+    n, per_block = len(prompt), steps // (gen_length // block_length)
+    with torch.no_grad():
+        for b in range(gen_length // block_length):
+            lo, hi = n + b * block_length, n + (b + 1) * block_length
+            masks = int((x[lo:hi] == MASK).sum())
+            counts = [masks // per_block + (i < masks % per_block) for i in range(per_block)]
+            for k in counts:
+                mask_index = x == MASK
+                logits = full_forward(model, x)
+                p = torch.softmax(logits.double(), dim=-1)
+                logits[:, MASK] = float("-inf")
+                x0 = logits.argmax(dim=-1)
+                confidence = torch.where(mask_index, p.gather(-1, x0[:, None])[:, 0], float("-inf"))
+                confidence[hi:] = float("-inf")
+                chosen = torch.topk(confidence, k).indices
+                x[chosen] = x0[chosen]
+    return x[n:].tolist()
+
+
+def test_llada_decodes_as_generate_py_on_prompts_of_any_length():
+    build, _, _ = TARGETS["llada"]
+    model = build(seed=7)
+    for prompt in (list(range(1, 12)), list(range(1, 17)), list(range(4, 9))):  # 11, 16 and 5 tokens; blocks of 8
+        target = DualCacheTarget(model, MASK, frozenset({EOS}), 8, cache="none")
+        config = DecodeConfig(policy="static", steps=4, block_length=8, gen_length=24, mask_in_softmax=True, stop_at_eos=False)
+        assert list(generate(target, prompt, config).token_ids) == llada_generate(model, prompt, 24, 8, 12), len(prompt)

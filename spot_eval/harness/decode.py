@@ -40,6 +40,8 @@ def decode_prompt(
     cross_block: bool = False,
     stop_at_eos: bool = True,
     confidence: str = "probability",
+    alg_temp: float = 0.0,
+    mask_in_softmax: bool = False,
 ) -> dict:
     """drafter_path: the method's checkpoint or graph (default: the one shipped for the block
     length). With spiffy the budget is D*, the nodes kept by Spiffy's online pruning. exact: verify
@@ -74,6 +76,8 @@ def decode_prompt(
         cross_block=cross_block,
         stop_at_eos=stop_at_eos,
         confidence=confidence,
+        alg_temp=alg_temp,
+        mask_in_softmax=mask_in_softmax,
     )
     spec = None if method == DRAFT_FREE else MethodSpec(method, budget, drafter_path, auto)
     if spec is not None:
@@ -114,6 +118,8 @@ def decode_prompt(
         "cross_block": cross_block,
         "stop_at_eos": stop_at_eos,
         "confidence": confidence,
+        "alg_temp": alg_temp,
+        "mask_in_softmax": mask_in_softmax,
         "cache": getattr(model, "cache", None),
         "dtype": str(model.model.dtype).removeprefix("torch."),
     }

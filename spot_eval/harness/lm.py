@@ -47,12 +47,14 @@ class SpotArgs:
     methods: str = "spot+spiffy@3"  # SPOT at `budgets`, Spiffy pruned to D* = 3 (its paper default)
     budgets: str = "8"
     max_budget: int = MAX_BUDGET  # budget=auto's cap (methods=spot@auto)
-    unmasking: str = "single"  # single | threshold (Fast-dLLM) | static | dynamic (SDAR's schedules, with steps)
+    unmasking: str = "single"  # single | threshold (Fast-dLLM) | static | dynamic (SDAR's schedules) | timestep (Dream's), with steps
     threshold: float = 0.9
     cross_block: bool = False  # a drafted node that finishes its block carries the next block's first state (lossless)
-    steps: int | None = None  # SDAR's denoising_steps per block, for static and dynamic
+    steps: int | None = None  # denoising steps per block, for static and dynamic (SDAR's) and timestep (Dream's)
     confidence: str = "probability"  # what ranks masked positions: probability | margin | entropy | random (spot.config)
     stop_at_eos: bool = True  # false: every block to gen_length, as the LLaDA/Dream/Fast-dLLM references write
+    alg_temp: float = 0.0  # timestep: positions drawn from softmax(confidence / alg_temp) (Dream's alg_temp)
+    mask_in_softmax: bool = False  # the confidence's softmax counts the mask token, as SDAR/LLaDA/Dream compute it
     block_length: int | None = None
     gen_length: int = 256  # where a task names no max_gen_toks (a task's wins, and --gen_kwargs max_gen_toks=N over both)
     temperature: float = 0.0
@@ -103,6 +105,8 @@ class SpotArgs:
             cross_block=self.cross_block,
             stop_at_eos=self.stop_at_eos,
             confidence=self.confidence,
+            alg_temp=self.alg_temp,
+            mask_in_softmax=self.mask_in_softmax,
         )
 
 

@@ -151,6 +151,6 @@ def flip(
     if config.policy in ("threshold", "dynamic") and nested:
         return "threshold", float((log_c[crossed] - math.log(config.threshold)).abs().min())
     order = ranked(masked, log_c)
-    last_pick = order[min(config.commit_count(step), len(order)) - 1]
+    last_pick = order[min(max(config.commit_count(step, int(masked.sum())), 1), len(order)) - 1]
     return "position", float(log_c[last_pick] - log_c[theirs & ~ours].max())
 
