@@ -16,7 +16,7 @@ from test_engine import AUTO, drafters, mid_block_token, prompt_ids, run
 from test_spiffy import calibrated
 
 from spot import DecodeConfig, Sampling, generate
-from spot.config import CONFIDENCES
+from spot.config import CONFIDENCES, STEPPED
 from spot.drafters import OracleDrafter
 from spot.drafters.sets import SetsDrafter, StaleSets
 from spot.drafters.spiffy import SpiffyDrafter
@@ -136,12 +136,12 @@ def every_drafter(reference, target, config):
     not made for."""
     sets = SetsDrafter(StaleSets(((1.0, 0.0, 0.0), (0.8, 0.1, -0.5))))
     if config.policy not in ("single", "threshold"):
-        return [*drafters(reference), sets]
+        return [*drafters(reference), sets]  # Spiffy's graphs serve single and threshold
     return [*drafters(reference), sets, SpiffyDrafter(calibrated(target, config.block_length, config.policy), prune_to=3)]
 
 
 GRID = [(confidence, policy, stop) for confidence in CONFIDENCES for policy, stop in
-        (("single", True), ("threshold", False), ("static", True), ("dynamic", False))]
+        (("single", True), ("threshold", False), ("static", True), ("dynamic", False), ("timestep", confidence != "random"))]
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
@@ -150,8 +150,10 @@ def test_every_rule_is_lossless_on_a_block_causal_target(confidence, policy, sto
     i = GRID.index((confidence, policy, stop_at_eos))
     dtype = torch.bfloat16 if i % 3 == 2 else torch.float32  # bf16 in the exact layout for a third of the grid
     target = tiny_target(16, seed=i % 3, eos_ids=frozenset({EOS_ID}), dtype=dtype, exact=dtype == torch.bfloat16)
-    config = DecodeConfig(policy=policy, threshold=0.3, steps=8 if policy in ("static", "dynamic") else None, block_length=16,
-                          gen_length=45, sampling=Sampling(temperature), seed=i, confidence=confidence, stop_at_eos=stop_at_eos)
+    config = DecodeConfig(policy=policy, threshold=0.3, steps=8 if policy in STEPPED else None, block_length=16, gen_length=45,
+                          sampling=Sampling(temperature), seed=i, confidence=confidence, stop_at_eos=stop_at_eos,
+                          alg_temp=0.5 if policy == "timestep" and confidence in ("probability", "entropy") else 0.0,
+                          mask_in_softmax=i % 2 == 0)
     prompt = prompt_ids(i, 13)
     reference = generate(target, prompt, config, record=True)
     for j, drafter in enumerate(every_drafter(reference, target, config)):
@@ -169,9 +171,10 @@ def test_every_rule_is_lossless_on_a_block_causal_target(confidence, policy, sto
 def test_every_rule_is_lossless_on_the_dual_cache_targets(name, confidence, temperature):
     build, _, shift = TARGETS[name]
     target = DualCacheTarget(build(seed=4), MASK, frozenset({EOS}), 16, shift=shift)
-    config = DecodeConfig(policy="threshold" if confidence in ("margin", "random") else "single", threshold=0.3,
-                          block_length=16, gen_length=32, sampling=Sampling(temperature), seed=2, confidence=confidence,
-                          stop_at_eos=confidence in ("probability", "entropy"))
+    policy = {"probability": "single", "margin": "threshold", "entropy": "timestep", "random": "timestep"}[confidence]
+    config = DecodeConfig(policy=policy, threshold=0.3, steps=8 if policy == "timestep" else None, block_length=16,
+                          gen_length=32, sampling=Sampling(temperature), seed=2, confidence=confidence,
+                          stop_at_eos=confidence in ("probability", "entropy"), mask_in_softmax=confidence == "margin")
     prompt = list(range(1, 12))
     reference = generate(target, prompt, config, record=True)
     for j, drafter in enumerate(every_drafter(reference, target, config)):

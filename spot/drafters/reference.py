@@ -45,8 +45,11 @@ class AdversarialDrafter:
 
     def draft(self, ctx: DraftContext) -> DraftTree:
         truth = self._states[ctx.block][ctx.step :]  # [S' + 1, K], row 0 == ctx.state
-        if truth.shape[0] < 2:
+        # A timestep step may commit nothing: the near misses are of the first true step that commits.
+        moved = torch.nonzero((truth != truth[0]).any(dim=1))[:, 0]
+        if moved.numel() == 0:
             return DraftTree.root_only(ctx.state)
+        truth = truth[int(moved[0]) - 1 :]
         first = torch.nonzero(truth[1] != truth[0])[:, 0]  # positions the next true step commits
         p = int(first[0])
         wrong_token = self._other_token(int(truth[1][p]), ctx.mask_id)
