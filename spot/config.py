@@ -77,6 +77,9 @@ class DecodeConfig:
         `steps`; None: the block length, one commit per step for static and dynamic).
     mask_in_softmax: the confidence's softmax (and top-k / top-p) also counts the mask token, as SDAR's, LLaDA's
         and Dream's generators compute it; False (the default) leaves it out. The mask is never drawn.
+    first_token_commit: step 0 of every block commits only the block's first generated position, with the
+        token drawn from the block-start forward, and the policy takes over from step 1 (Fast-dLLM's Dream
+        generators, whose later block-only forwards cannot give that position shifted logits).
     alg_temp: timestep only, Dream's `alg_temp`: > 0 draws the positions to commit from
         softmax(confidence / alg_temp) without replacement (Gumbel-top-k on the step's coupled noise at the
         mask token), instead of taking the most confident.
@@ -118,6 +121,7 @@ class DecodeConfig:
     stop_at_eos: bool = True
     confidence: str = "probability"
     mask_in_softmax: bool = False
+    first_token_commit: bool = False
     alg_temp: float = 0.0
 
     def __post_init__(self) -> None:
@@ -131,7 +135,7 @@ class DecodeConfig:
                              f"which the {self.policy!r} policy has no use of; use policy 'threshold' (the harness's unmasking=threshold, "
                              "--unmasking threshold) or acceptance 'exact' (method sets in place of sets_max)")
         _finite("threshold", self.threshold)
-        for name in ("cross_block", "stop_at_eos", "mask_in_softmax"):
+        for name in ("cross_block", "stop_at_eos", "mask_in_softmax", "first_token_commit"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if self.confidence not in CONFIDENCES:

@@ -135,6 +135,10 @@ def select(masked: torch.Tensor, confidence: torch.Tensor, config: DecodeConfig,
     Returns:
         [K] bool, the positions to commit (always >= 1, always a subset of `masked`).
     """
+    if config.first_token_commit and step == 0:  # Fast-dLLM's Dream: the block's first position, alone
+        chosen = torch.zeros_like(masked)
+        chosen[int(torch.nonzero(masked)[0])] = True
+        return chosen
     if config.policy == "timestep" and config.confidence == "random":  # Dream's origin: each revealed with p = 1 - s/t
         fraction = config.transfer_fraction(step)
         return masked.clone() if fraction is None else masked & (confidence < float(fraction))

@@ -89,6 +89,8 @@ def _decode_flags(p: argparse.ArgumentParser) -> None:
                         "(Dream's topk_margin) | entropy (Dream's entropy) | random (a counter-keyed random order)")
     p.add_argument("--mask-in-softmax", action="store_true",
                    help="the confidence's softmax counts the mask token too, as SDAR's, LLaDA's and Dream's generators do")
+    p.add_argument("--first-token-commit", action="store_true",
+                   help="step 0 of each block commits only its first position, from the block-start forward (Fast-dLLM's Dream)")
     p.add_argument("--alg-temp", type=float, default=0.0,
                    help="timestep: draw the positions to commit from softmax(confidence / alg-temp) (Dream's alg_temp; 0: the most confident)")
     p.add_argument("--stop-at-eos", action=argparse.BooleanOptionalAction, default=True,
@@ -128,6 +130,7 @@ def _decode(args: argparse.Namespace) -> None:
         confidence=args.confidence,
         alg_temp=args.alg_temp,
         mask_in_softmax=args.mask_in_softmax,
+        first_token_commit=args.first_token_commit,
     )
     if args.json:
         print(json.dumps(result))

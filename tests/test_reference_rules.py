@@ -5,6 +5,7 @@ adversarial, oracle), at both temperatures, in fp32 and bf16, on both kinds of t
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import replace
 
@@ -14,6 +15,7 @@ from conftest import EOS_ID, MASK_ID, VOCAB, tiny_target
 from test_dual_cache import EOS, MASK, TARGETS
 from test_engine import AUTO, drafters, mid_block_token, prompt_ids, run
 from test_spiffy import calibrated
+from transformers import DynamicCache
 
 from spot import DecodeConfig, Sampling, generate
 from spot.config import CONFIDENCES, STEPPED
@@ -153,7 +155,7 @@ def test_every_rule_is_lossless_on_a_block_causal_target(confidence, policy, sto
     config = DecodeConfig(policy=policy, threshold=0.3, steps=8 if policy in STEPPED else None, block_length=16, gen_length=45,
                           sampling=Sampling(temperature), seed=i, confidence=confidence, stop_at_eos=stop_at_eos,
                           alg_temp=0.5 if policy == "timestep" and confidence in ("probability", "entropy") else 0.0,
-                          mask_in_softmax=i % 2 == 0)
+                          mask_in_softmax=i % 2 == 0, first_token_commit=i % 3 == 1)
     prompt = prompt_ids(i, 13)
     reference = generate(target, prompt, config, record=True)
     for j, drafter in enumerate(every_drafter(reference, target, config)):
@@ -174,7 +176,8 @@ def test_every_rule_is_lossless_on_the_dual_cache_targets(name, confidence, temp
     policy = {"probability": "single", "margin": "threshold", "entropy": "timestep", "random": "timestep"}[confidence]
     config = DecodeConfig(policy=policy, threshold=0.3, steps=8 if policy == "timestep" else None, block_length=16,
                           gen_length=32, sampling=Sampling(temperature), seed=2, confidence=confidence,
-                          stop_at_eos=confidence in ("probability", "entropy"), mask_in_softmax=confidence == "margin")
+                          stop_at_eos=confidence in ("probability", "entropy"), mask_in_softmax=confidence == "margin",
+                          first_token_commit=confidence in ("entropy", "random"))
     prompt = list(range(1, 12))
     reference = generate(target, prompt, config, record=True)
     for j, drafter in enumerate(every_drafter(reference, target, config)):
@@ -318,3 +321,81 @@ def test_llada_decodes_as_generate_py_on_prompts_of_any_length():
         target = DualCacheTarget(model, MASK, frozenset({EOS}), 8, cache="none")
         config = DecodeConfig(policy="static", steps=4, block_length=8, gen_length=24, mask_in_softmax=True, stop_at_eos=False)
         assert list(generate(target, prompt, config).token_ids) == llada_generate(model, prompt, 24, 8, 12), len(prompt)
+
+
+# -- Fast-dLLM's Dream generator -----------------------------------------------------------------
+
+
+def fast_dllm_dream(model, prompt: list[int], gen_length: int, block_length: int, steps: int, alg: str,
+                    threshold: float = 0.9) -> list[int]:
+    """Fast-dLLM's Dream `_sample` with its prefix cache at T = 0, written from its rules: per block, a full
+    forward whose shifted logits commit the block's first position alone and whose keys and values before the
+    block are kept; then forwards of [block | suffix] on that prefix, logits shifted within them, until the block
+    has no mask: alg "confidence_threshold" commits the most confident masked position and every other one at
+    >= threshold; otherwise Dream's schedule with steps // blocks steps a block, counted from 1, and the negative
+    entropy as confidence. Softmax over the whole vocabulary; the mask token is never drawn (one amendment)."""
+    x = torch.tensor(prompt + [MASK] * gen_length)
+    n, blocks = len(prompt), gen_length // block_length
+    per_block = steps // blocks
+    timesteps = torch.linspace(1, 1e-3, per_block + 1)
+
+    def forward(ids, positions, past):
+        mask = torch.ones(1, 1, len(ids), len(ids) + past.get_seq_length(), dtype=torch.bool)
+        hidden = model.model(input_ids=ids[None], position_ids=positions[None], attention_mask=mask, cache=past,
+                             use_cache=True).last_hidden_state[0]
+        logits = model.lm_head(hidden).float()
+        return torch.cat([logits[:1], logits[:-1]])  # Dream's shift, within the rows fed
+
+    def drawn(logits):
+        probs = torch.softmax(logits.double(), dim=-1)
+        x0 = torch.where(torch.arange(probs.shape[-1]) == MASK, -1.0, probs).argmax(dim=-1)
+        return probs, x0
+
+    with torch.no_grad():
+        for b in range(blocks):
+            start = n + b * block_length
+            full = DynamicCache(config=model.config)
+            _, x0 = drawn(forward(x, torch.arange(len(x)), full))
+            x[start] = x0[start]
+            prefix = DynamicCache(config=model.config)
+            for i, layer in enumerate(full.layers):
+                prefix.update(layer.keys[:, :, :start], layer.values[:, :, :start], i)
+            i = 1
+            while bool((x[start : start + block_length] == MASK).any()):
+                logits = forward(x[start:], torch.arange(start, len(x)), copy.deepcopy(prefix))
+                mask_index = x[start:] == MASK
+                mask_index[block_length:] = False
+                probs, x0 = drawn(logits[mask_index])
+                if alg == "confidence_threshold":
+                    confidence = probs.gather(-1, x0[:, None])[:, 0]
+                    k = int(mask_index.sum())
+                else:
+                    confidence = (probs * torch.log(probs + 1e-10)).sum(dim=-1)
+                    t, s = timesteps[i], timesteps[i + 1]
+                    masked = mask_index.sum() / 1
+                    k = int(masked * (1 - s / t)) if i < per_block - 1 else int(masked)
+                full_confidence = torch.full(mask_index.shape, float("-inf"), dtype=torch.float64)
+                full_confidence[mask_index] = confidence
+                proposed = x[start:].clone()
+                proposed[mask_index] = x0
+                if k > 0:
+                    values, chosen = torch.topk(full_confidence, k)
+                    if alg == "confidence_threshold":
+                        chosen = chosen[(values >= threshold) | (torch.arange(k) == 0)]
+                    x[start + chosen] = proposed[chosen]
+                i += 1
+    return x[n:].tolist()
+
+
+@pytest.mark.parametrize("alg", ["confidence_threshold", "entropy"])
+def test_dream_decodes_as_fast_dllms_generator(alg):
+    build, _, shift = TARGETS["dream"]
+    model = build(seed=9)
+    for prompt in (list(range(1, 12)), list(range(2, 7))):
+        target = DualCacheTarget(model, MASK, frozenset({EOS}), 8, cache="prefix", shift=shift)
+        policy = dict(policy="threshold", threshold=0.3) if alg == "confidence_threshold" else dict(policy="timestep", steps=4)
+        config = DecodeConfig(**policy, block_length=8, gen_length=24, confidence="probability" if alg != "entropy" else "entropy",
+                              mask_in_softmax=True, stop_at_eos=False, first_token_commit=True)
+        expected = fast_dllm_dream(model, prompt, 24, 8, 12, alg, threshold=0.3)
+        assert list(generate(target, prompt, config).token_ids) == expected, (alg, len(prompt))
+        assert list(generate(target, prompt, replace(config, first_token_commit=False)).token_ids) != expected or alg == "entropy"

@@ -42,6 +42,7 @@ def decode_prompt(
     confidence: str = "probability",
     alg_temp: float = 0.0,
     mask_in_softmax: bool = False,
+    first_token_commit: bool = False,
 ) -> dict:
     """drafter_path: the method's checkpoint or graph (default: the one shipped for the block
     length). With spiffy the budget is D*, the nodes kept by Spiffy's online pruning. exact: verify
@@ -78,6 +79,7 @@ def decode_prompt(
         confidence=confidence,
         alg_temp=alg_temp,
         mask_in_softmax=mask_in_softmax,
+        first_token_commit=first_token_commit,
     )
     spec = None if method == DRAFT_FREE else MethodSpec(method, budget, drafter_path, auto)
     if spec is not None:
@@ -120,6 +122,7 @@ def decode_prompt(
         "confidence": confidence,
         "alg_temp": alg_temp,
         "mask_in_softmax": mask_in_softmax,
+        "first_token_commit": first_token_commit,
         "cache": getattr(model, "cache", None),
         "dtype": str(model.model.dtype).removeprefix("torch."),
     }

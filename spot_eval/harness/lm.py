@@ -55,6 +55,7 @@ class SpotArgs:
     stop_at_eos: bool = True  # false: every block to gen_length, as the LLaDA/Dream/Fast-dLLM references write
     alg_temp: float = 0.0  # timestep: positions drawn from softmax(confidence / alg_temp) (Dream's alg_temp)
     mask_in_softmax: bool = False  # the confidence's softmax counts the mask token, as SDAR/LLaDA/Dream compute it
+    first_token_commit: bool = False  # step 0 of a block commits only its first position (Fast-dLLM's Dream)
     block_length: int | None = None
     gen_length: int = 256  # where a task names no max_gen_toks (a task's wins, and --gen_kwargs max_gen_toks=N over both)
     temperature: float = 0.0
@@ -107,6 +108,7 @@ class SpotArgs:
             confidence=self.confidence,
             alg_temp=self.alg_temp,
             mask_in_softmax=self.mask_in_softmax,
+            first_token_commit=self.first_token_commit,
         )
 
 
