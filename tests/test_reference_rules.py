@@ -399,3 +399,20 @@ def test_dream_decodes_as_fast_dllms_generator(alg):
         expected = fast_dllm_dream(model, prompt, 24, 8, 12, alg, threshold=0.3)
         assert list(generate(target, prompt, config).token_ids) == expected, (alg, len(prompt))
         assert list(generate(target, prompt, replace(config, first_token_commit=False)).token_ids) != expected or alg == "entropy"
+
+
+# -- the dual cache's key order ------------------------------------------------------------------
+
+
+def test_dual_cache_keys_in_position_order_change_only_the_order_of_a_sum():
+    build, _, shift = TARGETS["llada"]
+    model = build(seed=3)
+    prompt, config = list(range(1, 12)), DecodeConfig(block_length=8, gen_length=16, stop_at_eos=False)
+    position = generate(DualCacheTarget(model, MASK, frozenset({EOS}), 8, shift=shift), prompt, config, record=True, record_topk=4)
+    first = generate(DualCacheTarget(model, MASK, frozenset({EOS}), 8, shift=shift, key_order="frozen_first"), prompt, config,
+                     record=True, record_topk=4)
+    assert position.token_ids == first.token_ids  # fp32: the orders differ in the last bits only
+    for a, b in zip(position.trajectory, first.trajectory, strict=True):
+        assert torch.allclose(a.topk_logprobs, b.topk_logprobs, atol=1e-5)
+    with pytest.raises(ValueError, match="key_order 'sorted' is not one of position, frozen_first"):
+        DualCacheTarget(model, MASK, frozenset({EOS}), 8, key_order="sorted")

@@ -47,6 +47,9 @@ from spot.targets.rows import row_invariant_linears
 
 FROZEN = "spot_frozen_canvas"
 CACHES = ("dual", "prefix", "none", "nosuffix")
+# The order of a live row's keys: "position" ([prefix | live rows | suffix], the reference's) or "frozen_first"
+# ([frozen | live rows], this project's order before 2026-12-03; bench/key_order.py compares the two).
+KEY_ORDERS = ("position", "frozen_first")
 
 
 @dataclass
@@ -59,6 +62,7 @@ class FrozenLayout:
     pieces: int
     live: int
     frozen: torch.Tensor
+    split: int  # where a piece's own keys go among the frozen ones: position order puts them after those before them
     kv: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
 
 
@@ -73,7 +77,9 @@ def frozen_attention(
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
     """transformers' attention-function contract: query [1, H, R, hd], key/value [1, Hkv, R, hd] -> ([1, R, H, hd],
-    None). Canvas rows attend to the whole canvas; the rows of piece r to [frozen KV | piece r]."""
+    None). Canvas rows attend to the whole canvas; the rows of piece r to the frozen KV with piece r's own at
+    `split` (in position order: [prefix | piece r | suffix], as Fast-dLLM's dual cache overwrites the block's
+    slots, so that a reduced-precision sum over keys runs in the reference's order)."""
     layout = frozen_layout
     if layout is None:  # a plain forward: transformers' SDPA on the mask given
         return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
@@ -91,7 +97,8 @@ def frozen_attention(
 
         def per_piece(x: torch.Tensor, frozen: torch.Tensor) -> torch.Tensor:  # -> [P, H, F + n, hd]
             own = x[0, :, c:].reshape(kv_heads, p, n, dim).transpose(0, 1)  # [P, Hkv, n, hd]
-            return torch.cat([frozen.expand(p, -1, -1, -1), own], dim=2).repeat_interleave(groups, 1)
+            frozen = frozen.expand(p, -1, -1, -1)
+            return torch.cat([frozen[:, :, : layout.split], own, frozen[:, :, layout.split :]], dim=2).repeat_interleave(groups, 1)
 
         q = query[0, :, c:].reshape(heads, p, n, dim).transpose(0, 1)  # [P, H, n, hd]
         out = F.scaled_dot_product_attention(q, per_piece(key, frozen_k), per_piece(value, frozen_v), scale=scaling)
@@ -118,9 +125,12 @@ class DualCacheTarget(ModelTarget):
         cache: str = "dual",
         shift: bool = False,
         blocks_at_prompt_end: bool = True,
+        key_order: str = "position",
     ) -> None:
         if cache not in CACHES:
             raise ValueError(f"cache {cache!r} is not one of {', '.join(CACHES)}")
+        if key_order not in KEY_ORDERS:
+            raise ValueError(f"key_order {key_order!r} is not one of {', '.join(KEY_ORDERS)}")
         model.set_attn_implementation(FROZEN)
         row_invariant_linears(model)
         for module in model.modules():
@@ -130,6 +140,7 @@ class DualCacheTarget(ModelTarget):
         self.cache = cache
         self.shift = shift
         self.blocks_at_prompt_end = blocks_at_prompt_end
+        self.key_order = key_order
         self._tokens = torch.empty(0, dtype=torch.long, device=self.device)  # [start]: the committed canvas
         self._length = 0  # canvas positions
         self._layout: FrozenLayout | None = None  # the active block's frozen KV
@@ -184,9 +195,11 @@ class DualCacheTarget(ModelTarget):
         if canvas:
             live = torch.zeros(end, dtype=torch.bool, device=self.device)
             live[lo:hi] = True
-            self._layout = FrozenLayout(end, 0, hi - lo, torch.nonzero(~live)[:, 0])
+            frozen = torch.nonzero(~live)[:, 0]
+            split = lo if self.key_order == "position" else len(frozen)  # the frozen positions before the live rows: 0..lo-1
+            self._layout = FrozenLayout(end, 0, hi - lo, frozen, split)
         elif self._layout is None:  # no cache: nothing is frozen
-            self._layout = FrozenLayout(0, 0, hi - lo, torch.empty(0, dtype=torch.long, device=self.device))
+            self._layout = FrozenLayout(0, 0, hi - lo, torch.empty(0, dtype=torch.long, device=self.device), 0)
         fed = pieces[1:] if canvas else pieces  # [P', K]: the pieces fed as live rows
         rows = torch.cat([self._tokens.expand(len(fed), -1), fed, masks.expand(len(fed), -1)], dim=1)[:, lo:hi]  # [P', n]
         ids = [rows.reshape(-1)]
