@@ -15,6 +15,8 @@ import torch
 POLICIES = ("single", "threshold", "static", "dynamic", "timestep")
 SCHEDULED = ("static", "dynamic")  # the policies that follow SDAR's per-step commit counts (`steps`)
 STEPPED = (*SCHEDULED, "timestep")  # the policies that take `steps`
+RULE_FIELDS = ("confidence", "mask_in_softmax", "first_token_commit", "alg_temp")
+DEFAULT_RULE = {"confidence": "probability", "mask_in_softmax": False, "first_token_commit": False, "alg_temp": 0.0}
 DREAM_EPS = 1e-3  # the last timestep of Dream's schedule, linspace(1, eps, steps + 1) (its generation_config default)
 ACCEPTANCES = ("exact", "max_commit")  # how the walk follows the target down a draft tree (spot.acceptance)
 CONFIDENCES = ("probability", "margin", "entropy", "random")  # what ranks the masked positions (spot.policy.confidence_of)
@@ -165,6 +167,12 @@ class DecodeConfig:
             raise ValueError("alg_temp applies to the timestep policy with a confidence other than random (Dream's "
                              f"maskgit_plus, topk_margin, entropy), not policy {self.policy!r} with confidence "
                              f"{self.confidence!r}; drop alg_temp")
+
+    @property
+    def rule(self) -> dict[str, object]:
+        """The reference-rule options that differ from the defaults (those that change which position a step
+        commits): what a drafter trained under the defaults has not seen, though it stays lossless under them."""
+        return {name: getattr(self, name) for name in RULE_FIELDS if getattr(self, name) != DEFAULT_RULE[name]}
 
     def commit_count(self, step: int, masked: int | None = None) -> int:
         """k_s: how many of the most confident masked positions step `step` of a block commits (at

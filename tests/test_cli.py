@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -90,3 +91,16 @@ def test_decode_takes_the_reference_rules(checkpoint, capsys):
     assert entropy["stop_at_eos"] is True and entropy["confidence"] == "entropy"
     bad = run_cli(capsys, *DECODE, "--target", checkpoint, "--confidence", "low")
     assert bad.returncode == 2 and "unknown confidence 'low'; choose one of probability, margin, entropy, random" in bad.stderr
+
+
+def test_a_trained_drafter_under_another_rule_is_said_once_and_stays_lossless(capsys):
+    """The shipped SPOT drafter (trained under the default rule) on the embedded target under margin confidence
+    and the mask in the softmax: one warning naming the rule; the tokens are the draft-free decoder's."""
+    rule = ("--prompt", "What is 2 + 3?", "--chat", "--gen-length", "32", "--json", "--confidence", "margin", "--mask-in-softmax")
+    free = run_cli(capsys, "decode", *rule)
+    assert free.returncode == 0 and "decoding rule" not in free.stderr
+    spot = run_cli(capsys, "decode", *rule, "--method", "spot", "--budget", "4")
+    assert spot.returncode == 0 and json.loads(spot.stdout)["token_ids"] == json.loads(free.stdout)["token_ids"]
+    said = [line for line in spot.stderr.splitlines() if "decoding rule" in line]
+    assert len(said) == 1 and re.search(r"spot@4: its drafter was trained on trajectories of the default decoding rule .* "
+                                        r"confidence=margin, mask_in_softmax=True\. The output is still exactly", said[0])

@@ -93,7 +93,7 @@ def decode_prompt(
         reference = None
         if spec.needs_reference:
             reference = generate(model, ids, replace(config, budget=0), record=True)
-        drafter = build_drafter(spec, model, policy, reference, threshold)
+        drafter = build_drafter(spec, model, policy, reference, threshold, config.rule)
     sizing = auto_sizing(model, drafter, config) if auto else None
     result = generate(model, ids, config, drafter=drafter, decode=decode, sizing=sizing)
     s = result.stats

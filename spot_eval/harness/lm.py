@@ -164,7 +164,8 @@ class SpotLM(LM):
                 raise ValueError(f"threads={args.threads}: use threads >= 1 (1 on a machine shared with other work)")
             torch.set_num_threads(args.threads)
         self.target = load_target(checkpoint, args.block_length, device, args.exact, dtype, args.cache)
-        self._drafters = {s.label: build_drafter(s, self.target, self.config.policy, threshold=self.config.threshold)
+        self._drafters = {s.label: build_drafter(s, self.target, self.config.policy, threshold=self.config.threshold,
+                                                 rule=self.config.rule)
                           for s in self.specs if not s.needs_reference}
         self._sizings, profile = self._auto_sizings()
         self._target_id = target_id(args.pretrained, path)

@@ -14,6 +14,7 @@ differ from the draft-free decoder's by design; the harness reports how often in
 from __future__ import annotations
 
 import re
+import warnings
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -137,9 +138,16 @@ def drafter_kind(spec: MethodSpec, path: Path) -> str | None:
     return None
 
 
-def build_drafter(spec: MethodSpec, target, policy: str, reference=None, threshold: float | None = None) -> Drafter:
+def build_drafter(spec: MethodSpec, target, policy: str, reference=None, threshold: float | None = None,
+                  rule: dict | None = None) -> Drafter:
     """The drafter for one spec. `reference` is the request's draft-free Generation (record=True),
-    needed only by the oracle and the adversary; `threshold` the decoder's (sets checks its predictor's)."""
+    needed only by the oracle and the adversary; `threshold` the decoder's (sets checks its predictor's);
+    `rule` the decoder's non-default reference rules (DecodeConfig.rule), said once when a trained drafter meets them."""
+    if rule and spec.name not in ("random", "oracle", "adversarial"):
+        warnings.warn(f"{spec.label}: its drafter was trained on trajectories of the default decoding rule (probability "
+                      f"confidence, the mask out of the softmax, no first-token commit); this run decodes under "
+                      f"{', '.join(f'{k}={v}' for k, v in rule.items())}. The output is still exactly the draft-free "
+                      "decoder's; fewer drafts may be accepted.", UserWarning, stacklevel=2)
     if spec.name == "random":
         return RandomDrafter(target.vocab_size)
     if spec.name == "oracle":
