@@ -17,6 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from spot import DecodeConfig, Sampling, generate
+from spot.config import CONFIDENCES, POLICIES, STEPPED
 from spot.drafters import AdversarialDrafter, OracleDrafter, RandomDrafter
 from spot.drafters.order_model import OrderModel
 from spot.drafters.spot import SpotDrafter
@@ -159,17 +160,20 @@ def test_sdar_schedules_are_lossless_with_every_drafter_and_budget(policy, steps
     prompt_length=st.integers(1, 40),
     gen_length=st.integers(1, 50),
     temperature=st.sampled_from(TEMPERATURES),
-    policy=st.sampled_from(["single", "threshold", "static", "dynamic"]),
+    policy=st.sampled_from(list(POLICIES)),
     budget=st.sampled_from([*BUDGETS, AUTO]),
     numerics=st.sampled_from(NUMERICS),
     cross_block=st.booleans(),
+    rule=st.fixed_dictionaries({"confidence": st.sampled_from(CONFIDENCES), "stop_at_eos": st.booleans(),
+                                "mask_in_softmax": st.booleans(), "first_token_commit": st.booleans()}),
 )
-def test_random_prompts_and_lengths_are_lossless(seed, prompt_length, gen_length, temperature, policy, budget, numerics, cross_block):
+def test_random_prompts_and_lengths_are_lossless(seed, prompt_length, gen_length, temperature, policy, budget, numerics, cross_block,
+                                                 rule):
     dtype, exact = numerics
     target = tiny_target(16, seed=seed % 3, dtype=dtype, exact=exact)
-    steps = (4, 8, 16)[seed % 3] if policy in ("static", "dynamic") else None
+    steps = (4, 8, 16)[seed % 3] if policy in STEPPED else None
     config = DecodeConfig(policy=policy, threshold=0.5, steps=steps, block_length=16, gen_length=gen_length,
-                          sampling=Sampling(temperature=temperature), seed=seed)
+                          sampling=Sampling(temperature=temperature), seed=seed, **rule)
     prompt = prompt_ids(seed, prompt_length)
     reference = generate(target, prompt, config, record=True)
     assert len(reference.token_ids) <= gen_length

@@ -389,6 +389,56 @@ def fast_dllm_dream(model, prompt: list[int], gen_length: int, block_length: int
     return x[n:].tolist()
 
 
+def fast_dllm_llada(model, prompt: list[int], gen_length: int, block_length: int, threshold: float) -> list[int]:
+    """Fast-dLLM's LLaDA `generate_with_dual_cache` at T = 0 with its threshold rule, written from its rules: per
+    block a full forward whose logits already commit, keys and values kept for every position outside the block;
+    then forwards of the block alone on them; each step commits the most confident masked position of the block
+    and every other one at >= threshold, confidence from a float64 softmax over the whole vocabulary (the mask
+    token never drawn: the one amendment)."""
+    x = torch.tensor(prompt + [MASK] * gen_length)
+    n = len(prompt)
+
+    def forward(ids, positions, past):
+        mask = torch.ones(1, 1, len(ids), len(ids) + past.get_seq_length(), dtype=torch.bool)
+        hidden = model.model(input_ids=ids[None], position_ids=positions[None], attention_mask=mask, cache=past,
+                             use_cache=True).last_hidden_state[0]
+        return model.lm_head(hidden).float()
+
+    def commit(logits, offset):  # logits of positions offset.., the block at [start, end)
+        p = torch.softmax(logits.double(), dim=-1)
+        x0 = torch.where(torch.arange(p.shape[-1]) == MASK, -1.0, p).argmax(dim=-1)
+        rows = torch.arange(start, end) - offset
+        block = x[start:end]
+        confidence = torch.where(block == MASK, p[rows].gather(-1, x0[rows][:, None])[:, 0], float("-inf"))
+        values, chosen = torch.topk(confidence, int((block == MASK).sum()))
+        chosen = chosen[(values >= threshold) | (torch.arange(len(values)) == 0)]
+        x[start + chosen] = x0[rows][chosen]
+
+    with torch.no_grad():
+        for b in range(gen_length // block_length):
+            start, end = n + b * block_length, n + (b + 1) * block_length
+            full = DynamicCache(config=model.config)
+            commit(forward(x, torch.arange(len(x)), full), 0)
+            kept = torch.ones(len(x), dtype=torch.bool)
+            kept[start:end] = False
+            frozen = DynamicCache(config=model.config)
+            for i, layer in enumerate(full.layers):
+                frozen.update(layer.keys[:, :, kept], layer.values[:, :, kept], i)
+            while bool((x[start:end] == MASK).any()):
+                commit(forward(x[start:end], torch.arange(start, end), copy.deepcopy(frozen)), start)
+    return x[n:].tolist()
+
+
+def test_llada_decodes_as_fast_dllms_dual_cache_generator():
+    build, _, _ = TARGETS["llada"]
+    model = build(seed=11)
+    for prompt in (list(range(1, 12)), list(range(2, 10))):
+        target = DualCacheTarget(model, MASK, frozenset({EOS}), 8, cache="dual")
+        config = DecodeConfig(policy="threshold", threshold=0.2, block_length=8, gen_length=24, mask_in_softmax=True,
+                              stop_at_eos=False)
+        assert list(generate(target, prompt, config).token_ids) == fast_dllm_llada(model, prompt, 24, 8, 0.2), len(prompt)
+
+
 @pytest.mark.parametrize("alg", ["confidence_threshold", "entropy"])
 def test_dream_decodes_as_fast_dllms_generator(alg):
     build, _, shift = TARGETS["dream"]
