@@ -169,6 +169,12 @@ class DecodeConfig:
                              f"{self.confidence!r}; drop alg_temp")
 
     @property
+    def noisy(self) -> bool:
+        """Whether a step reads its coupled noise: to draw tokens (T > 0), and for the random order and alg_temp's
+        draw of positions (the noise at the mask token)."""
+        return self.sampling.temperature > 0 or self.confidence == "random" or self.alg_temp > 0
+
+    @property
     def rule(self) -> dict[str, object]:
         """The reference-rule options that differ from the defaults (those that change which position a step
         commits): what a drafter trained under the defaults has not seen, though it stays lossless under them."""

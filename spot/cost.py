@@ -91,7 +91,7 @@ def measure_drafter(drafter: Drafter, target: Target, config: DecodeConfig, mode
     state[0] = int(stale[0].argmax())
 
     def noise(step: int) -> torch.Tensor | None:
-        if config.sampling.temperature == 0:
+        if not config.noisy:
             return None
         return gumbel(step_key(config.seed, 0, 1, step), k, target.vocab_size, target.device)
 

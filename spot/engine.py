@@ -269,8 +269,8 @@ def _decode_block(target, state, start, block, lo, hi, config, drafter, request,
     noise: dict[int, torch.Tensor | None] = {}
 
     def step_noise(step: int) -> torch.Tensor | None:
-        if config.sampling.temperature == 0 and config.confidence != "random" and config.alg_temp == 0:
-            return None  # (the random order and alg_temp's draw read the noise at the mask token)
+        if not config.noisy:
+            return None
         if step not in noise:
             key = step_key(config.seed, request, block, step)
             noise[step] = gumbel(key, target.block_length, target.vocab_size, target.device)

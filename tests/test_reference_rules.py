@@ -468,3 +468,15 @@ def test_dual_cache_keys_in_position_order_change_only_the_order_of_a_sum():
         assert torch.allclose(a.topk_logprobs, b.topk_logprobs, atol=1e-5)
     with pytest.raises(ValueError, match="key_order 'sorted' is not one of position, frozen_first"):
         DualCacheTarget(model, MASK, frozenset({EOS}), 8, key_order="sorted")
+
+
+def test_a_greedy_random_order_reads_the_noise_everywhere_a_step_is_taken():
+    """budget=auto's drafter timing takes a step as decoding does: under the random order it needs the noise at T = 0."""
+    from spot.cost import measure_drafter
+
+    assert not DecodeConfig().noisy and DecodeConfig(confidence="random").noisy
+    assert DecodeConfig(policy="timestep", alg_temp=0.5).noisy and DecodeConfig(sampling=Sampling(1.0)).noisy
+    target = tiny_target(16)
+    config = DecodeConfig(block_length=16, budget=4, confidence="random")
+    reference = generate(target, list(range(1, 12)), replace(config, budget=0, gen_length=32), record=True)
+    assert measure_drafter(drafters(reference)[-1], target, config, repeats=1) > 0
