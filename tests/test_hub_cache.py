@@ -87,6 +87,7 @@ def test_lm_eval_runs_its_own_task_names_offline_in_a_fresh_hf_home(tmp_path):
     assert "|gsm8k" in table.replace(" ", "") and "minerva_math500" in table and "exact_match" in table
 
 
+@pytest.mark.slow  # a fresh interpreter in a fresh HF_HOME
 def test_evaluates_code_eval_is_the_sandboxed_one_with_code_evals_interface_and_consent(tmp_path):
     """In a fresh HF_HOME with the hub offline, `evaluate.load("code_eval")` loads spot-eval's: code_eval's
     inputs, return value and HF_ALLOW_CODE_EVAL consent; an always-equal answer fails (the sandbox's asserts)."""

