@@ -13,6 +13,8 @@ from pathlib import Path
 
 from lm_eval.tasks import TaskManager, get_task_dict
 
+from spot_eval.harness import task_index
+
 
 def describe(task, limit: int, responses: list[tuple[int, str]]) -> dict:
     default_fewshot = task.config.num_fewshot or 0
@@ -39,6 +41,7 @@ def describe(task, limit: int, responses: list[tuple[int, str]]) -> dict:
 
 def main(spec_path: str) -> None:
     spec = json.loads(Path(spec_path).read_text())
+    task_index.install()  # lm-eval's task index from the cache `lm_eval --model spot` keeps (7 s to build, 0.5 s to read)
     tasks = get_task_dict(list(spec["responses"]), TaskManager(include_path=spec["include_path"]))
     print(json.dumps({name: describe(task, spec["limit"], spec["responses"][name]) for name, task in tasks.items()},
                      default=str))
