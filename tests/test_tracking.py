@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import free_port, write_checkpoint
 from mlflow import MlflowClient
 
@@ -319,9 +320,21 @@ def _lm_eval(checkpoint: Path, uri: str, cwd: Path) -> subprocess.CompletedProce
 
 
 def _check_spot_run(client: MlflowClient) -> None:
-    experiment = client.get_experiment_by_name("spot-eval").experiment_id
+    found = client.get_experiment_by_name("spot-eval")
+    assert found.tags["mlflow.experimentKind"] == "custom_model_development"  # MLflow's UI opens on the runs table
+    experiment = found.experiment_id
     [parent] = client.search_runs([experiment], "tags.mlflow.runName = 'spot-eval'")
     assert "spot_gsm8k/exact_match_strict-match" in parent.data.metrics
+    # Each method's headline figures on the parent, as the runs table's columns; the summary as its description.
+    for label in ("draft_free", "oracle_4"):
+        for figure in ("throughput_ratio", "forward_ratio", "tokens_per_forward", "lossless"):
+            assert f"{label}/spot_gsm8k/{figure}" in parent.data.metrics, (label, figure)
+    assert parent.data.metrics["oracle_4/spot_gsm8k/lossless"] == 1.0 and parent.data.metrics["oracle_4/spot_gsm8k/forward_ratio"] > 1
+    note = parent.data.tags["mlflow.note.content"]
+    assert "| task | method | requests | throughput × |" in note and "| spot_gsm8k | oracle@4 | 2 |" in note
+    tags = parent.data.tags
+    assert tags["spot_eval.dtype"] == "float32" and tags["spot_eval.device"] == "cpu" and tags["spot_eval.torch"] == torch.__version__
+    assert tags["spot_eval.target"] and tags["spot_eval.lm_eval"] == "0.4.13" and float(tags["spot_eval.peak_memory_mb"]) > 0
     children = client.search_runs([experiment], f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
     assert {c.info.run_name for c in children} == {"draft_free", "oracle@4"}
     assert any(a.path == "spot-eval/samples.jsonl" for a in client.list_artifacts(parent.info.run_id, "spot-eval"))

@@ -249,6 +249,10 @@ class Session:
         if results is not None:
             tracker.log_params({safe_name(f"task_version/{t}"): v for t, v in (results.get("versions") or {}).items()})
         frame = self.frame()
+        tracker.set_tags({PEAK_MEMORY: f"{peak_memory_mb():.0f}"})
+        if not table.empty:  # each method's headline figures on the parent too, where MLflow's runs table shows them as columns
+            tracker.log_metrics({safe_name(f"{r.label}/{r.task}/{k}"): float(r[k]) for _, r in table.iterrows() for k in HEADLINE})
+            tracker.set_tags({NOTE: description(table)})
         for label, rows in table.groupby("label", sort=False) if not table.empty else ():
             with tracker.child(label) as run:
                 for _, row in rows.iterrows():
@@ -283,6 +287,29 @@ class Session:
 
 
 LOSSY_TAG = "spot_eval.lossy"
+NOTE = "mlflow.note.content"  # the run's description in MLflow's UI (markdown)
+PEAK_MEMORY = "spot_eval.peak_memory_mb"
+
+
+def peak_memory_mb() -> float:
+    """The process's peak memory: the CUDA allocator's peak where the run used a GPU, else the resident set's
+    (Linux reports KiB)."""
+    import resource
+
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        return torch.cuda.max_memory_allocated() / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+HEADLINE = ("throughput_ratio", "forward_ratio", "tokens_per_forward", "lossless")
+
+
+def description(table: pd.DataFrame) -> str:
+    """The run's summary as a markdown table: task, method, requests and the headline figures."""
+    rows = ["| task | method | requests | throughput × | forwards × | tokens / forward | lossless |", "|---|---|---:|---:|---:|---:|---:|"]
+    rows += [f"| {r.task} | {r.label} | {r.requests} | {r.throughput_ratio:.2f} | {r.forward_ratio:.2f} | "
+             f"{r.tokens_per_forward:.2f} | {r.lossless:.2f} |" for _, r in table.iterrows()]
+    return "spot-eval: draft-free decoding against each method on the same requests (ratios over draft-free).\n\n" + "\n".join(rows)
 
 
 def lossy_lines(table: pd.DataFrame, accuracy: pd.DataFrame) -> list[str]:
