@@ -11,10 +11,9 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
-import datasets
 import evaluate
 
-from spot_eval.execution.code_exec.code_exec import sandboxed_pass_at_k
+from spot_eval.execution.code_exec.code_exec import PROGRAMS, sandboxed_pass_at_k
 
 _DESCRIPTION = """code_eval's interface (predictions: candidates per problem; references: each problem's test code;
 k; num_workers; timeout), every candidate run with its tests in spot-eval's sandbox."""
@@ -43,9 +42,7 @@ class CodeEval(evaluate.Metric):
             description=_DESCRIPTION,
             citation="",
             inputs_description=_INPUTS,
-            features=datasets.Features(
-                {"predictions": datasets.Sequence(datasets.Value("string")), "references": datasets.Value("string")}
-            ),
+            features=PROGRAMS,
         )
 
     def _compute(self, predictions: list[list[str]], references: list[str], k: Sequence[int] = (1, 10, 100),

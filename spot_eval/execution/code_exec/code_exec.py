@@ -41,6 +41,11 @@ Returns:
 """
 
 
+# The inputs of both sandboxed metrics (this one and the hub-compatible code_eval): candidate programs per problem,
+# and each problem's tests.
+PROGRAMS = datasets.Features({"predictions": datasets.Sequence(datasets.Value("string")), "references": datasets.Value("string")})
+
+
 def pass_at_k(n: int, c: int, k: int) -> float:
     """The unbiased pass@k estimate for one problem with n candidates of which c passed (Chen et al. 2021,
     eq. 1). Exact integer binomials, so it is also exact for large n."""
@@ -57,12 +62,7 @@ class CodeExec(evaluate.Metric):
             description=_DESCRIPTION,
             citation=_CITATION,
             inputs_description=_INPUTS,
-            features=datasets.Features(
-                {
-                    "predictions": datasets.Sequence(datasets.Value("string")),
-                    "references": datasets.Value("string"),
-                }
-            ),
+            features=PROGRAMS,
         )
 
     def _compute(
