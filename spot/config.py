@@ -7,6 +7,7 @@ bad input fails with a message that names the field and the fix, before any tens
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -203,5 +204,11 @@ class DecodeConfig:
         steps = self.steps or self.block_length
         if step >= steps - 1:
             return None
-        timesteps = torch.linspace(1, DREAM_EPS, steps + 1)  # float32, as Dream's
+        timesteps = _dream_timesteps(steps)
         return 1 - timesteps[step + 1] / timesteps[step]
+
+
+@functools.cache
+def _dream_timesteps(steps: int) -> torch.Tensor:
+    """linspace(1, DREAM_EPS, steps + 1) in float32, as Dream's; made once per step count (every step reads it)."""
+    return torch.linspace(1, DREAM_EPS, steps + 1)

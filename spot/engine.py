@@ -184,9 +184,10 @@ def generate(
                                       sizing, ahead, following)
         if record:
             traces.append(recorder.trace(states))
+        written = len(out)
         out += states[-1][lo:hi].tolist()
         if config.stop_at_eos:
-            eos_at = _first_eos(out, target.eos_ids)
+            eos_at = _first_eos(out, target.eos_ids, written)  # the blocks before had none
             if eos_at is not None:
                 out, finish = out[:eos_at], "eos"
                 break
@@ -211,8 +212,8 @@ def generate(
     return Generation(tuple(answer if config.stop_at_eos else out), text, finish, stats, tuple(traces) if record else None)
 
 
-def _first_eos(tokens: list[int], eos_ids: frozenset[int]) -> int | None:
-    return next((i for i, t in enumerate(tokens) if t in eos_ids), None)
+def _first_eos(tokens: list[int], eos_ids: frozenset[int], start: int = 0) -> int | None:
+    return next((i for i in range(start, len(tokens)) if tokens[i] in eos_ids), None)
 
 
 class _Recorder:

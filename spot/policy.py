@@ -83,8 +83,9 @@ def propose(
     if not mask_in_softmax:
         z[:, mask_id] = float("-inf")
     z = filtered_logits(z, sampling)
-    score = z + gumbel if sampling.temperature > 0 else z.clone()  # [K, V]
-    score[:, mask_id] = float("-inf")
+    score = z + gumbel if sampling.temperature > 0 else z  # [K, V]
+    if mask_in_softmax:  # the mask keeps its share of the softmax, but is never drawn
+        score = score.index_fill(-1, torch.tensor([mask_id], device=score.device), float("-inf"))
     tokens = torch.argmax(score, dim=-1)  # [K]
     probs = torch.softmax(z, dim=-1)  # [K, V]
     conf = confidence_of(confidence, probs, tokens, gumbel, mask_id)
