@@ -335,6 +335,7 @@ def _check_spot_run(client: MlflowClient) -> None:
     tags = parent.data.tags
     assert tags["spot_eval.dtype"] == "float32" and tags["spot_eval.device"] == "cpu" and tags["spot_eval.torch"] == torch.__version__
     assert tags["spot_eval.target"] and tags["spot_eval.lm_eval"] == "0.4.13" and float(tags["spot_eval.peak_memory_mb"]) > 0
+    assert tags["spot_eval.commit"] == parent.data.params["git_commit"]
     children = client.search_runs([experiment], f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
     assert {c.info.run_name for c in children} == {"draft_free", "oracle@4"}
     assert any(a.path == "spot-eval/samples.jsonl" for a in client.list_artifacts(parent.info.run_id, "spot-eval"))

@@ -35,7 +35,7 @@ from spot_eval.harness.parallel import Ranks
 from spot_eval.harness.profile import Refitted, auto_sizing, drafter_seconds, verify_profile
 from spot_eval.harness.session import RequestRecord, Session
 from spot_eval.tracking.store import check_uri
-from spot_eval.tracking.writer import TrackingConfig, git_commit, open_tracker
+from spot_eval.tracking.writer import TrackingConfig, open_tracker
 
 
 @dataclass(frozen=True)
@@ -179,7 +179,7 @@ class SpotLM(LM):
                                         "sandbox": run["sandbox"], "profile": profile or {}}),
                             "lm_eval_version": run["lm_eval_version"], "world_size": self.ranks.world_size,
                             **_flatten(self._fingerprints())})
-        tracker.set_tags(identity_tags(self._target_id, args.revision, self.target, self._device))
+        tracker.set_tags(identity_tags(self._target_id, args.revision, self.target, self._device, run["lm_eval_version"]))
         self.session = Session(self.args, self._fingerprints(), tracker, self.args.output_dir, run, self.ranks)
         self._repeat = Counter()
         self._store = None  # lm-eval's --use_cache file, once set_cache_hook hands it over
@@ -438,15 +438,15 @@ def _sandbox() -> dict:
         return {"unavailable": str(err)}
 
 
-def identity_tags(target: str, revision: str | None, model, device: torch.device) -> dict[str, str]:
-    """What ran, as MLflow tags on the evaluation's run: target and revision, dtype, device (and GPU model),
-    the versions that decide the numbers, and the commit of spot-eval."""
+def identity_tags(target: str, revision: str | None, model, device: torch.device, lm_eval_version: str) -> dict[str, str]:
+    """What ran, as MLflow tags on the evaluation's run: target and revision, dtype, device (and GPU model) and
+    the versions that decide the numbers (open_tracker tags the commit of spot-eval)."""
     from importlib.metadata import version
 
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else ""
     return {"spot_eval.target": target, "spot_eval.revision": revision or "", "spot_eval.dtype": str(model.model.dtype).removeprefix("torch."),
             "spot_eval.device": str(device), "spot_eval.gpu": gpu, "spot_eval.torch": torch.__version__,
-            "spot_eval.transformers": version("transformers"), "spot_eval.lm_eval": version("lm_eval"), "spot_eval.commit": git_commit()}
+            "spot_eval.transformers": version("transformers"), "spot_eval.lm_eval": lm_eval_version}
 
 
 def _lm_eval_version() -> str:

@@ -154,6 +154,7 @@ def _now_ms() -> int:
 
 HOST, PID, PID_STARTED = "spot_eval.host", "spot_eval.pid", "spot_eval.pid_started"
 ENDED_BY = "spot_eval.ended_by"
+COMMIT_TAG = "spot_eval.commit"  # the git_commit param, as a tag: MLflow's runs table shows tags beside the run's identity
 
 
 def process_tags() -> dict[str, str]:
@@ -369,7 +370,7 @@ class MlflowTracker(_EndsOnExit):
 def open_tracker(config: TrackingConfig | None) -> Tracker:
     """The parent run of one evaluation (a `NullTracker` when `config` is None).
 
-    Logs the param `git_commit`. Never raises on an unreachable store: it warns and spools instead."""
+    Logs the param `git_commit` (and the same as the tag `spot_eval.commit`). Never raises on an unreachable store: it warns and spools instead."""
     if config is None:
         return NullTracker()
     uri = resolve_uri(config.tracking_uri)
@@ -388,8 +389,9 @@ def open_tracker(config: TrackingConfig | None) -> Tracker:
                           stacklevel=2)
     _watch_the_end()
     tracker = MlflowTracker(session, config.run_name, parent=None)
-    tracker.set_tags(process_tags())
-    tracker.log_params({"git_commit": git_commit()})
+    commit = git_commit()
+    tracker.set_tags({**process_tags(), COMMIT_TAG: commit})
+    tracker.log_params({"git_commit": commit})
     return tracker
 
 
