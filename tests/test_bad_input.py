@@ -147,6 +147,11 @@ LM_CASES = [
     ({"threshold": 2}, "threshold must be in (0, 1]"),
     ({"confidence": "low"}, "unknown confidence 'low'; choose one of probability, margin, entropy, random"),
     ({"stop_at_eos": "maybe"}, "stop_at_eos='maybe' is not a boolean; write stop_at_eos=true or stop_at_eos=false"),
+    ({"mask_in_softmax": "perhaps"}, "mask_in_softmax='perhaps' is not a boolean"),
+    ({"first_token_commit": 2}, "first_token_commit=2 is not a boolean"),
+    ({"alg_temp": -1}, "alg_temp must be >= 0 (0 = the most confident positions), got -1"),
+    ({"alg_temp": 0.5}, "alg_temp applies to the timestep policy with a confidence other than random"),
+    ({"unmasking": "timestep", "steps": 0}, "steps must be in [1, block_length = 32], got 0"),
     ({"seed": 4294967296}, "seed must be in [0, 2**32), got 4294967296"),
     ({"device": "foo"}, "device='foo' is not a device; use auto, cpu, cuda or cuda:N"),
     ({"device": "cuda:7"}, "device='cuda:7' but "),  # no CUDA here, or fewer than 8 devices
