@@ -35,7 +35,7 @@ from spot_eval.harness.parallel import Ranks
 from spot_eval.harness.profile import Refitted, auto_sizing, drafter_seconds, verify_profile
 from spot_eval.harness.session import RequestRecord, Session
 from spot_eval.tracking.store import check_uri
-from spot_eval.tracking.writer import TrackingConfig, open_tracker
+from spot_eval.tracking.writer import TrackingConfig, git_commit, open_tracker
 
 
 @dataclass(frozen=True)
@@ -172,14 +172,18 @@ class SpotLM(LM):
         # One MLflow run for the whole evaluation: rank 0's; the other ranks hand their records to it.
         tracking = TrackingConfig(self.args.mlflow_tracking_uri, self.args.mlflow_experiment)
         tracker = open_tracker(tracking if self.ranks.main else None)
+        lm_eval_version = _lm_eval_version()
+        identity = identity_tags(self._target_id, args.revision, self.target, self._device, lm_eval_version)
         run = {"model_args": asdict(self.args), "decoder": _config_dict(self.config),
-               "lm_eval_version": _lm_eval_version(), "target_id": self._target_id,
-               "sandbox": _sandbox(), "world_size": self.ranks.world_size, "profile": profile}
+               "lm_eval_version": lm_eval_version, "target_id": self._target_id,
+               "sandbox": _sandbox(), "world_size": self.ranks.world_size, "profile": profile,
+               # what ran, for the reports' headers (the same as the MLflow tags, with the commit)
+               "identity": {k.removeprefix("spot_eval."): v for k, v in identity.items()} | {"commit": git_commit()}}
         tracker.log_params({**_flatten({"model_args": run["model_args"], "decoder": run["decoder"],
                                         "sandbox": run["sandbox"], "profile": profile or {}}),
                             "lm_eval_version": run["lm_eval_version"], "world_size": self.ranks.world_size,
                             **_flatten(self._fingerprints())})
-        tracker.set_tags(identity_tags(self._target_id, args.revision, self.target, self._device, run["lm_eval_version"]))
+        tracker.set_tags(identity)
         self.session = Session(self.args, self._fingerprints(), tracker, self.args.output_dir, run, self.ranks)
         self._repeat = Counter()
         self._store = None  # lm-eval's --use_cache file, once set_cache_hook hands it over

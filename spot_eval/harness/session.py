@@ -175,7 +175,7 @@ class Session:
         run = {**self.settings, "fingerprints": self.fingerprints, "mlflow_run_id": self.tracker.run_id,
                "mlflow_tracking_uri": getattr(self.tracker, "uri", None),
                # requests read back from lm-eval's cache (--use_cache): decoded and timed by an earlier process
-               "requests": len(self.records), "resumed_requests": resumed}
+               "requests": len(self.records), "resumed_requests": resumed, "peak_memory_mb": round(peak_memory_mb())}
         rows = [json.dumps(row) + "\n" for r in self.records for row in r.rows()]
         summary = self.summary()
 

@@ -100,7 +100,9 @@ def read_run(run_dir: str | Path) -> Bundle:
     samples = pd.DataFrame(_read_jsonl(samples_file))
     if samples.empty:
         raise ResultsError(f"{samples_file} holds no samples: the run decoded nothing (check --limit and --tasks)")
-    samples = samples[[c for c in SAMPLE_FIELDS if c in samples.columns]].assign(temperature=temperature, seed=seed)
+    # policy: the decoder's commit rule, which each method's ratios are taken against (SPOT-Sets: threshold)
+    samples = samples[[c for c in SAMPLE_FIELDS if c in samples.columns]].assign(
+        temperature=temperature, seed=seed, policy=decoder.get("policy", "single"))
     outcomes_file = run_dir / "outcomes.jsonl"
     outcomes = pd.DataFrame(_read_jsonl(outcomes_file)) if outcomes_file.is_file() else pd.DataFrame()
     outcomes = outcomes.assign(temperature=temperature, seed=seed) if not outcomes.empty else outcomes
@@ -109,7 +111,8 @@ def read_run(run_dir: str | Path) -> Bundle:
         "block_length": decoder.get("block_length"),
         "gen_length": decoder.get("gen_length"),
     }
-    info = {"temperature": temperature, "seed": seed, "mlflow_run_id": run.get("mlflow_run_id"), "dir": str(run_dir)}
+    info = {"temperature": temperature, "seed": seed, "mlflow_run_id": run.get("mlflow_run_id"), "dir": str(run_dir),
+            "identity": run.get("identity") or {}, "peak_memory_mb": run.get("peak_memory_mb")}
     return Bundle(settings, [info], samples, outcomes, _accuracy(run_dir, temperature, seed))
 
 

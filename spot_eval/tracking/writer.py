@@ -14,6 +14,7 @@ the whole run from it.
 from __future__ import annotations
 
 import atexit
+import functools
 import os
 import re
 import shutil
@@ -137,6 +138,7 @@ def safe_name(name: str) -> str:
     return "/".join(parts)[:250] or "_"
 
 
+@functools.cache  # one git call per process: the tracker's param and the run's identity read the same
 def git_commit() -> str:
     """The commit of the spot_eval source tree, or "unknown" outside a git checkout."""
     try:
