@@ -60,8 +60,11 @@ def test_a_lossy_method_is_labelled_and_its_divergences_end_nothing(tmp_path, ca
     assert all(s["lossless"] and not s["lossy"] for (label, _), s in samples.items() if label != "sets_max@8")
     bundle = read_run(tmp_path / "run")
     assert find_regressions(bundle, None, Tolerances()) == []  # the nightly's divergence check passes it by
-    [table] = compare(bundle)
-    assert table.forwards.loc[0, "sets_max @8"].endswith("lossy, 50% differ") and table.forwards.loc[0, "sets @8"].endswith("✓")
+    [comparison] = compare(bundle)
+    table = comparison.table("threshold")  # SPOT-Sets speculates on threshold decoding: that policy's section
+    assert table.loc["SPOT-Sets (max-commit) @8", ("task", "lossless")] == "lossy, 50% differ"
+    assert table.loc["SPOT-Sets @8", ("task", "lossless")] in ("✓", "inconclusive")
+    assert table.loc["threshold decoding", ("task", "lossless")] == "—"  # the section's reference decoder
 
 
 def test_a_lossy_methods_own_outputs_are_scored_and_paired_with_draft_free(tmp_path, capsys):
@@ -100,7 +103,8 @@ def test_the_nightly_passes_a_lossy_methods_divergences_and_flags_its_accuracy_d
     table = method_table(new, None).set_index("label")
     assert table.loc["sets_max@8", "lossy"] and table.loc["sets_max@8", "token_divergence"] == 0.25 and not table.loc["spot@8", "lossy"]
     [comparison] = compare(new)
-    assert comparison.forwards.loc[0, "sets_max @8"] == "2.50 lossy, 100% differ"
+    assert comparison.table().loc["SPOT-Sets (max-commit) @8", ("gsm8k", "fwd ×")] == "2.50"
+    assert comparison.table().loc["SPOT-Sets (max-commit) @8", ("gsm8k", "lossless")] == "lossy, 100% differ"
     suite = load_suite(None)
     report = build_report(suite, new, None, "none", [finding], method_table(new, None), pd.DataFrame(), tmp_path, "d1")
     [lossy] = [s for s in report.sections if s.heading.startswith("Lossy methods")]

@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from spot_eval.reports.compare import compare, write_comparison
-from spot_eval.reports.regression import Tolerances, find_regressions, mcnemar_p, method_table
+from spot_eval.reports.regression import Tolerances, find_regressions, gates, mcnemar_p, method_table
 from spot_eval.reports.results import Bundle, ResultsError, check_settings, combine, read_bundle
 
 SETTINGS = {"target": "tiny", "block_length": 32, "gen_length": 256}
@@ -21,7 +21,7 @@ DIVERGENCE = {"index": 3, "block": 1, "step": 4, "flipped": "position", "margin"
 
 def sample(task, doc, label, forwards, seconds, seed=0, temperature=0.0, lossless=True):
     return {"temperature": temperature, "seed": seed, "task": task, "doc_id": doc, "repeat": 0, "label": label,
-            "tokens": 100, "forwards": forwards, "seconds": seconds, "drafter_seconds": 0.1 * seconds,
+            "tokens": 100, "forwards": forwards, "steps": 100, "seconds": seconds, "drafter_seconds": 0.1 * seconds,
             "accepted_lengths": [1, 2], "lossless": lossless, "divergence": None if lossless else DIVERGENCE}
 
 
@@ -82,21 +82,66 @@ def test_tolerances_are_validated():
         Tolerances(throughput_drop=1.5)
 
 
-def test_comparison_cells_bold_the_best_and_mark_losslessness(tmp_path):
+def test_table2_has_a_row_per_method_bolds_the_best_and_marks_losslessness(tmp_path):
     two_seeds = combine([bundle(seed=0), bundle(spot_seconds=1.0, seed=1, lossless=False)])
-    [table] = compare(two_seeds)
-    row = table.throughput.set_index("task").loc["gsm8k"]
+    [comparison] = compare(two_seeds)
+    table = comparison.table()
+    assert list(table.index) == ["draft-free", "Spiffy @3", "SPOT @8"]
+    assert list(table.columns) == [("gsm8k", q) for q in ("tput ×", "fwd ×", "τ", "acc.", "lossless")]
     # SPOT: 4/2 = 2.0 and 4/1 = 4.0 -> 3.00 ± 1.41, the best; one of 12 SPOT requests diverged.
-    assert row["SPOT @8"] == "**3.00 ± 1.41** ✗ 92%"
-    assert row["Spiffy @3"] == "1.33 ± 0.00 ✓"
-    assert list(table.throughput.columns) == ["task", "Spiffy @3", "SPOT @8"]
-    forwards = table.forwards.set_index("task").loc["gsm8k"]
-    assert forwards["SPOT @8"] == "**5.00 ± 0.00** ✗ 92%"
-    assert "block 32" in table.caption and "T = 0" in table.caption and "seeds 0, 1" in table.caption
+    assert table.loc["SPOT @8"].tolist() == ["**3.00 ± 1.41**", "**5.00 ± 0.00**", "**5.00**", "—", "✗ 92%"]
+    assert table.loc["Spiffy @3"].tolist() == ["1.33 ± 0.00", "2.00 ± 0.00", "2.00", "—", "✓"]
+    assert table.loc["draft-free"].tolist() == ["1.00", "1.00", "1.00", "—", "reference"]
+    assert "block 32" in comparison.caption and "T = 0" in comparison.caption and "seeds 0, 1" in comparison.caption
     files = {p.name for p in write_comparison(two_seeds, tmp_path)}
-    assert {"compare.md", "compare.html", "compare_T0.csv", "compare_T0.png"} <= files
-    assert "**3.00 ± 1.41** ✗ 92%" in (tmp_path / "compare.md").read_text()
-    assert "<b>3.00 ± 1.41</b>" in (tmp_path / "compare.html").read_text()
+    assert {"compare.md", "compare.html", "compare_T0.csv", "compare_throughput_ratio.png", "compare_forward_ratio.png",
+            "compare_accepted_lengths.png"} <= files
+    assert "| SPOT @8 | **3.00 ± 1.41** | **5.00 ± 0.00** |" in (tmp_path / "compare.md").read_text()
+    page = (tmp_path / "compare.html").read_text()
+    assert "<b>3.00 ± 1.41</b>" in page and 'class="dataframe table2"' in page
+    assert pd.read_csv(tmp_path / "compare_T0.csv").set_index("label").loc["spot@8", "forward_mean"] == 5.0
+
+
+def test_a_method_that_never_accepted_a_draft_is_inconclusive_not_lossless():
+    nothing = bundle(spot_forwards=100)  # every verify advanced one step: budget=auto choosing 0, say
+    [comparison] = compare(nothing)
+    assert comparison.table().loc["SPOT @8", ("gsm8k", "lossless")] == "inconclusive"
+    assert comparison.table().loc["Spiffy @3", ("gsm8k", "lossless")] == "✓"
+
+
+def test_speculation_on_threshold_decoding_has_its_own_section_under_the_single_commit_anchor():
+    rows = []
+    for doc in range(3):
+        rows += [{**sample("gsm8k", doc, "draft_free", 100, 4.0), "policy": "single"},
+                 {**sample("gsm8k", doc, "draft_free", 50, 2.5), "policy": "threshold"},
+                 {**sample("gsm8k", doc, "sets@8", 25, 2.0), "policy": "threshold"},
+                 {**sample("gsm8k", doc, "spot@8", 20, 2.0), "policy": "single"}]
+    accuracy = pd.DataFrame([{"temperature": 0.0, "seed": 0, "task": "gsm8k", "metric": m, "value": v, "policy": p}
+                             for p, v in (("single", 0.5), ("threshold", 0.25)) for m, v in (("sample_len", 3.0), ("exact_match,strict", v))])
+    [comparison] = compare(Bundle(dict(SETTINGS), [{"temperature": 0.0, "seed": 0}], pd.DataFrame(rows), pd.DataFrame(), accuracy))
+    assert [policy for policy, _ in comparison.sections] == ["single", "threshold"]
+    single, threshold = comparison.table("single"), comparison.table("threshold")
+    assert list(single.index) == ["draft-free", "SPOT @8"] and single.loc["SPOT @8", ("gsm8k", "acc.")] == "0.50"
+    assert list(threshold.index) == ["draft-free (anchor)", "threshold decoding", "SPOT-Sets @8"]
+    # threshold decoding over the anchor: 4.0/2.5 s, 100/50 forwards; SPOT-Sets over threshold decoding: 2.5/2.0 s, 50/25.
+    assert threshold.loc["threshold decoding"].tolist() == ["1.60", "2.00", "2.00", "0.25", "—"]
+    assert threshold.loc["SPOT-Sets @8"].tolist()[:2] == ["**1.25**", "**2.00**"]
+    assert threshold.loc["draft-free (anchor)", ("gsm8k", "lossless")] == "reference"
+
+
+def test_the_verdict_names_each_gate_with_tonight_and_the_previous_night():
+    base = bundle()
+    passed = gates(bundle(spot_seconds=2.1), base, [], Tolerances()).set_index("gate")
+    assert passed.verdict.tolist() == ["PASS"] * 4
+    assert passed.threshold.tolist() == ["0 divergent requests", "≥ previous × 0.85", "≤ previous × 1.00", "no drop at McNemar p < 0.05"]
+    worse = bundle(spot_forwards=21, lossless=False)
+    findings = find_regressions(worse, base, Tolerances())
+    table = gates(worse, base, findings, Tolerances())
+    assert table.verdict.tolist() == ["FAIL", "PASS", "FAIL", "PASS"]
+    assert table.tonight[0] == "1 of 12 requests" and table.previous[0] == "0 of 12 requests"
+    assert table.tonight[2] == "1026 in all" and table.previous[2] == "1020 in all"  # 6 docs x (100 + 21 + 50) and x (100 + 20 + 50)
+    alone = gates(bundle(), None, [], Tolerances())
+    assert alone.verdict.tolist() == ["PASS", "n/a", "n/a", "n/a"] and alone.previous.tolist() == ["—"] * 4
 
 
 def test_mismatched_settings_and_corrupt_bundles_are_refused(tmp_path):
@@ -107,7 +152,9 @@ def test_mismatched_settings_and_corrupt_bundles_are_refused(tmp_path):
     with pytest.raises(ResultsError, match="different block_length"):
         check_settings([SETTINGS, {**SETTINGS, "block_length": 16}], ["a", "b"])
     path = bundle().write(tmp_path / "ok.json")
-    assert read_bundle(path).samples.shape == bundle().samples.shape
+    read = read_bundle(path).samples
+    # a bundle written without each sample's policy decoded single-commit (runs record it since)
+    assert read.drop(columns="policy").shape == bundle().samples.shape and set(read.policy) == {"single"}
     (tmp_path / "cut.json").write_text(path.read_text()[:200])
     with pytest.raises(ResultsError, match="corrupt"):
         read_bundle(tmp_path / "cut.json")

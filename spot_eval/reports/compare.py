@@ -1,13 +1,10 @@
-"""`spot-eval compare`: the SPOT paper's Table 2 layout from MLflow runs or results files.
+"""`spot-eval compare`: the SPOT paper's Table 2 from MLflow runs or results files, as a self-contained report.
 
-Rows are tasks; columns are the methods present (Spiffy, SPOT, SPOT-gamma first, then any other),
-one column per method and budget. A cell is the throughput ratio over draft-free decoding, mean
-over seeds ± std, with the best of its row in bold and a mark for losslessness (every request of
-the cell token-identical to draft-free, or the lossless fraction). A second table does the same
-for target-forward ratios, and a third gives the mean tree size (draft nodes per verify forward), which
-budget=auto chooses step by step. A lossy method (max-commit, opt-in) is marked "lossy" with the share of
-its requests whose output differs from draft-free, never ✓ or ✗: it differs by design. One set of tables per temperature; the caption states the target,
-block length, generation length, budgets, temperature and seeds.
+Per temperature, Table 2 (spot_eval/reports/table2.py): a row per method, a column group per task,
+one section per decoding policy (SPOT-Sets against threshold decoding under the single-commit anchor).
+Then grouped bars of the throughput and forward ratios (tasks on x, a bar per method, error bars over
+seeds), the accepted-steps histogram, and accuracy per task and method. The caption states the target,
+block length, generation length, temperature and seeds; the header, what ran (dtype, device, versions, commit).
 """
 
 from __future__ import annotations
@@ -17,118 +14,102 @@ from pathlib import Path
 
 import pandas as pd
 
-from spot_eval.reports import plots
-from spot_eval.reports.report import Report, Section, write
-from spot_eval.reports.results import Bundle, summarize
+from spot_eval.reports import plots, table2
+from spot_eval.reports.report import Report, Section, figure_title, header, write
+from spot_eval.reports.results import Bundle
 
-METHOD_ORDER = ("spiffy", "spot", "spot_gamma")
-DISPLAY = {"spiffy": "Spiffy", "spot": "SPOT", "spot_gamma": "SPOT-γ"}
-LOSSLESS, LOSSY = "✓", "✗"
-BY_DESIGN = "lossy"  # the mark of a method that differs from draft-free by design (max-commit)
+SECTION_TITLES = {table2.ANCHOR: "single-commit decoding: ratios over draft-free decoding of the same requests"}
+
+
+def section_title(policy: str) -> str:
+    return SECTION_TITLES.get(policy, f"speculation on {policy} decoding: ratios over {policy} decoding of the same requests "
+                                      f"(its own row: over the single-commit anchor)")
 
 
 @dataclass(frozen=True)
 class Comparison:
     temperature: float
     caption: str
-    throughput: pd.DataFrame  # display table: tasks x methods, strings
-    forwards: pd.DataFrame
-    tree_sizes: pd.DataFrame
-    numbers: pd.DataFrame  # long form: task, label, metric, mean, std, seeds, lossless
+    sections: list[tuple[str, pd.DataFrame]]  # (policy, Table 2 display table)
+    numbers: pd.DataFrame  # long form (table2.numbers) at this temperature
+
+    def table(self, policy: str = table2.ANCHOR) -> pd.DataFrame:
+        return dict(self.sections)[policy]
 
 
-AUTO_LAST = 10**9  # budget=auto's column after every fixed budget of its method
-
-
-def _column(label: str) -> tuple[int, int, str]:
-    name, _, budget = label.partition("@")
-    rank = METHOD_ORDER.index(name) if name in METHOD_ORDER else len(METHOD_ORDER)
-    return rank, AUTO_LAST if budget == "auto" else int(budget or 0), label
-
-
-def display_name(label: str) -> str:
-    name, _, budget = label.partition("@")
-    return f"{DISPLAY.get(name, name)} @{budget}" if budget else DISPLAY.get(name, name)
-
-
-def long_form(bundle: Bundle) -> pd.DataFrame:
-    """Per temperature, task and method: mean and std over seeds of both ratios, and losslessness."""
-    per_seed = summarize(bundle.samples, ["temperature", "seed", "task"])
-    per_seed = per_seed[per_seed.label != "draft_free"]
-    return per_seed.groupby(["temperature", "task", "label"], sort=True).agg(
-        throughput_mean=("throughput_ratio", "mean"), throughput_std=("throughput_ratio", "std"),
-        forward_mean=("forward_ratio", "mean"), forward_std=("forward_ratio", "std"),
-        tree_mean=("mean_tree_size", "mean"), tree_std=("mean_tree_size", "std"),
-        lossless=("lossless", "mean"), lossy=("lossy", "max"), seeds=("seed", "nunique"), requests=("requests", "sum"),
-    ).reset_index()
-
-
-def _cells(numbers: pd.DataFrame, metric: str, best_bold: bool = True) -> pd.DataFrame:
-    labels = sorted(numbers.label.unique(), key=_column)
-    table = {}
-    for task, rows in numbers.groupby("task", sort=True):
-        rows = rows.set_index("label")
-        best = rows[f"{metric}_mean"].max()
-        line = {}
-        for label in labels:
-            if label not in rows.index:
-                line[display_name(label)] = "—"
-                continue
-            r = rows.loc[label]
-            text = f"{r[f'{metric}_mean']:.2f}" + (f" ± {r[f'{metric}_std']:.2f}" if r["seeds"] > 1 else "")
-            if best_bold and r[f"{metric}_mean"] == best:
-                text = f"**{text}**"
-            if r["lossy"]:
-                mark = f"{BY_DESIGN}, {1 - r['lossless']:.0%} differ"
-            else:
-                mark = LOSSLESS if r["lossless"] == 1.0 else f"{LOSSY} {r['lossless']:.0%}"
-            line[display_name(label)] = f"{text} {mark}"
-        table[task] = line
-    out = pd.DataFrame.from_dict(table, orient="index")
-    out.index.name = "task"
-    return out.reset_index()
+def caption(bundle: Bundle, temperature: float) -> str:
+    seeds = sorted(bundle.samples[bundle.samples.temperature == temperature].seed.unique())
+    s = bundle.settings
+    return (f"Target {s.get('target')}, block {s.get('block_length')}, generation length {s.get('gen_length')}, "
+            f"T = {temperature:g}, seeds {', '.join(map(str, seeds))}. tput × and fwd ×: throughput and target-forward ratios over the reference decoder on the same "
+            f"requests, each request's methods decoded back to back in one process (mean ± std over seeds); τ: decoding "
+            f"steps accepted per target forward (1.00 for a draft-free decoder); acc.: lm-eval's first metric "
+            f"of the task, the same for every lossless method; best speculative cell per column in bold. "
+            f"{table2.LOSSLESS} = every output token-identical to draft-free with drafts accepted; {table2.INCONCLUSIVE} = "
+            f"identical, but no draft was ever accepted; {table2.DIVERGED} = the share identical; {table2.BY_DESIGN} = "
+            "max-commit, which differs from draft-free by design.")
 
 
 def compare(bundle: Bundle) -> list[Comparison]:
-    numbers = long_form(bundle)
-    if numbers.empty:
+    numbers = table2.numbers(bundle)
+    if not (numbers.label != "draft_free").any():
         raise ValueError("the results hold no speculative method, only draft-free decoding; run with methods=...")
-    out = []
-    for temperature, rows in numbers.groupby("temperature", sort=True):
-        seeds = sorted(bundle.samples[bundle.samples.temperature == temperature].seed.unique())
-        s = bundle.settings
-        budgets = ", ".join(display_name(lab) for lab in sorted(rows.label.unique(), key=_column))
-        caption = (f"Target {s.get('target')}, block {s.get('block_length')}, generation length {s.get('gen_length')}, "
-                   f"T = {temperature:g}, seeds {', '.join(map(str, seeds))}; methods and budgets: {budgets}. "
-                   f"Ratios over draft-free decoding of the same requests in the same process (mean ± std over seeds); "
-                   f"best per task in bold; {LOSSLESS} = every output token-identical to draft-free; {BY_DESIGN} = max-commit, "
-                   "whose outputs differ from draft-free by design (the share of requests that differ).")
-        out.append(Comparison(float(temperature), caption, _cells(rows, "throughput"), _cells(rows, "forward"),
-                              _cells(rows, "tree", best_bold=False), rows))
-    return out
+    return [Comparison(float(t), caption(bundle, t), table2.sections(numbers, t), rows)
+            for t, rows in numbers.groupby("temperature", sort=True)]
 
 
-def write_comparison(bundle: Bundle, out_dir: str | Path) -> list[Path]:
-    """compare.md / compare.html, one CSV per temperature (long form), one grouped bar chart per temperature."""
+def accuracy_table(bundle: Bundle) -> pd.DataFrame:
+    """lm-eval's accuracy metrics only (no sample_len), per task, decoding policy, metric and temperature: mean over seeds."""
+    acc = bundle.accuracy
+    if acc.empty:
+        return acc
+    acc = acc[~acc.metric.str.startswith("sample_len")].assign(policy=acc.get("policy", table2.ANCHOR))
+    out = acc.groupby(["task", "policy", "metric", "temperature"], as_index=False).agg(value=("value", "mean"), seeds=("seed", "nunique"))
+    return out.pivot_table(index=["task", "policy", "metric"], columns="temperature", values="value").rename(
+        columns=lambda t: f"T = {t:g}").reset_index()
+
+
+def figures(bundle: Bundle, numbers: pd.DataFrame, out_dir: Path, date: str, stem: str) -> list[tuple[str, Path]]:
+    """The grouped throughput and forward bars and the accepted-steps histogram of a bundle."""
+    who = bundle.identity
+    return [
+        ("throughput × over draft-free per task and method (error bars: std over seeds)",
+         plots.grouped_bars(numbers, "throughput", out_dir / f"{stem}throughput_ratio.png", "throughput × over draft-free",
+                            figure_title("wall-clock speed-up over draft-free decoding", who, date))),
+        ("target forwards × over draft-free per task and method (error bars: std over seeds)",
+         plots.grouped_bars(numbers, "forward", out_dir / f"{stem}forward_ratio.png", "forwards × over draft-free",
+                            figure_title("target forwards saved over draft-free decoding", who, date))),
+        ("steps accepted per target forward, per method (all tasks, temperatures and seeds)",
+         plots.accepted_histogram(bundle.samples, out_dir / f"{stem}accepted_lengths.png",
+                                  figure_title("accepted steps per target forward", who, date))),
+    ]
+
+
+def write_comparison(bundle: Bundle, out_dir: str | Path, date: str | None = None) -> list[Path]:
+    """compare.md / compare.html, one CSV per temperature (long form) and the figures."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    sections, files = [], []
-    for c in compare(bundle):
-        tag = f"T{c.temperature:g}"
-        csv = out_dir / f"compare_{tag}.csv"
+    comparisons = compare(bundle)
+    files, sections = [], []
+    for c in comparisons:
+        csv = out_dir / f"compare_T{c.temperature:g}.csv"
         c.numbers.to_csv(csv, index=False)
-        means = c.numbers.pivot(index="task", columns="label", values="throughput_mean")
-        stds = c.numbers.pivot(index="task", columns="label", values="throughput_std")
-        order = sorted(means.columns, key=_column)
-        means, stds = means[order].rename(columns=display_name), stds[order].rename(columns=display_name)
-        chart = plots.grouped_bars(means, stds, out_dir / f"compare_{tag}.png", "throughput ratio vs draft-free", f"T = {c.temperature:g}")
-        files += [csv, chart]
-        sections.append(Section(
-            f"T = {c.temperature:g}", c.caption,
-            tables=(("Throughput ratio over draft-free", c.throughput), ("Target-forward ratio over draft-free", c.forwards),
-                    ("Mean tree size (draft nodes per verify forward)", c.tree_sizes)),
-            figures=(("throughput ratio per task and method (error bars: std over seeds)", chart),),
-        ))
-    report = Report("SPOT vs Spiffy", "Table 2 layout of the SPOT paper (arXiv 2610.22543), measured by spot-eval.", sections)
+        files.append(csv)
+        sections.append(Section(f"Table 2 at T = {c.temperature:g}", c.caption,
+                                tables=tuple((section_title(policy), table) for policy, table in c.sections)))
+    date = date or (bundle.created or "")[:10]
+    numbers = pd.concat([c.numbers for c in comparisons], ignore_index=True)
+    shown = figures(bundle, numbers, out_dir, date, "compare_")
+    files += [path for _, path in shown]
+    sections.append(Section("Speed per task and method", figures=tuple(shown[:2])))
+    sections.append(Section("Accepted steps per forward", figures=(shown[2],)))
+    accuracy = accuracy_table(bundle)
+    if not accuracy.empty:
+        sections.append(Section("Accuracy", "lm-eval's scores of the draft-free text of each decoding policy (mean over seeds); "
+                                            "every lossless method's outputs are the same text.", tables=(("accuracy per task", accuracy),)))
+    lead = (f"The SPOT paper's Table 2 (arXiv 2610.22543), measured by spot-eval on {bundle.settings.get('target')}: "
+            f"{len(bundle.samples.drop_duplicates(['temperature', 'seed', 'task', 'doc_id']))} requests in {len(bundle.runs)} run(s).")
+    report = Report("SPOT, SPOT-Sets and Spiffy against draft-free decoding", lead, sections,
+                    header(bundle.identity, date=date))
     files += list(write(report, out_dir, "compare"))
     return files

@@ -30,6 +30,7 @@ from pathlib import Path
 import pandas as pd
 
 from spot_eval.reports import plots
+from spot_eval.reports.compare import accuracy_table, compare, figures, section_title
 from spot_eval.reports.history import (
     BUNDLE_ARTIFACT,
     KIND_TAG,
@@ -43,11 +44,13 @@ from spot_eval.reports.regression import (
     Finding,
     Tolerances,
     accuracy_changes,
+    divergence_table,
     find_regressions,
+    gates,
     lossy_accuracy,
     method_table,
 )
-from spot_eval.reports.report import Report, Section, write
+from spot_eval.reports.report import Report, Section, figure_title, header, write
 from spot_eval.reports.results import Bundle, ResultsError, check_settings, combine, read_bundle, read_run
 from spot_eval.tracking.writer import TrackingConfig, open_tracker, safe_name
 
@@ -213,37 +216,58 @@ def verdict(findings: list[Finding], baseline: str, new: Bundle) -> str:
 
 def build_report(suite: Suite, new: Bundle, base: Bundle | None, baseline: str, findings: list[Finding],
                  table: pd.DataFrame, trend: pd.DataFrame, report_dir: Path, date: str) -> Report:
-    """`table` is `method_table(new, base)`, already computed for the trend and the MLflow metrics."""
-    _, accuracy = accuracy_changes(new, base, suite.tolerances.accuracy_p) if base is not None else (None, pd.DataFrame())
-    figures = [("throughput ratio vs draft-free, this run and baseline",
-                plots.against_baseline(table, "throughput_ratio", report_dir / "throughput_ratio.png", "throughput ratio")),
-               ("target-forward ratio vs draft-free, this run and baseline",
-                plots.against_baseline(table, "forward_ratio", report_dir / "forward_ratio.png", "forward ratio"))]
-    hist = plots.accepted_histogram(new.samples, report_dir / "accepted_lengths.png")
-    sections = [Section("Findings", "\n\n".join(f"- **{f.kind}** {f.where}: {f.detail}" for f in findings) or "None.")]
-    columns = [c for c in ("temperature", "task", "label", "throughput_ratio", "throughput_ratio_base", "throughput_std",
-                           "forward_ratio", "forward_ratio_base", "forwards", "forwards_base", "lossless", "lossy",
-                           "token_divergence", "accepted_mean", "drafter_share") if c in table.columns]
-    sections.append(Section("Speed per task and method",
-                            "Ratios are draft-free over method, summed over the same requests (mean over seeds).",
-                            tables=(("per temperature, task and method", table[columns]),), figures=tuple(figures)))
-    if not accuracy.empty:
-        sections.append(Section("Accuracy (draft-free output, paired per sample)",
-                                tables=(("lost / gained: samples right in the baseline and wrong now, and the reverse", accuracy),)))
-    elif not new.accuracy.empty:
-        sections.append(Section("Accuracy", tables=(("lm-eval's scores", new.accuracy),)))
-    lossy = lossy_accuracy(new.outcomes)
-    if not lossy.empty:
-        sections.append(Section("Lossy methods against draft-free (paired per sample)",
-                                "A lossy method (max-commit, opt-in) differs from draft-free by design: its divergence rate is "
-                                "1 - lossless above, and a drop in its own outputs' accuracy beyond noise is a finding.",
-                                tables=(("accuracy of each lossy method's outputs and of draft-free's on the same samples", lossy),)))
-    sections.append(Section("Accepted lengths", figures=(("steps advanced per verify forward", hist),)))
+    """The nightly's page, in the order a reader asks: did it pass (each gate against the previous night), the
+    paper's Table 2, the grouped charts, the trend, accuracy and divergences, accepted lengths.
+    `table` is `method_table(new, base)`, already computed for the trend and the MLflow metrics."""
+    who = new.identity
+    sections = [Section("Verdict", f"Against the baseline: {baseline}.",
+                        tables=(("each regression gate, tonight against the previous night", gates(new, base, findings, suite.tolerances)),))]
+    if findings:
+        sections.append(Section("Findings", "\n\n".join(f"- **{f.kind}** {f.where}: {f.detail}" for f in findings)))
+    if (new.samples.label != "draft_free").any():
+        comparisons = compare(new)
+        for c in comparisons:
+            sections.append(Section(f"Table 2 at T = {c.temperature:g}", c.caption,
+                                    tables=tuple((section_title(policy), t) for policy, t in c.sections)))
+        numbers = pd.concat([c.numbers for c in comparisons], ignore_index=True)
+        shown = figures(new, numbers, report_dir, date, "")
+        sections.append(Section("Speed per task and method", figures=tuple(shown[:2])))
+    else:
+        shown = [("steps accepted per target forward", plots.accepted_histogram(new.samples, report_dir / "accepted_lengths.png",
+                                                                               figure_title("accepted steps per target forward", who, date)))]
     if not trend.empty:
         sections.append(Section(f"Trend over the last {trend.time.nunique()} nightlies",
-                                figures=(("mean over tasks and temperatures", plots.trend(trend, report_dir / "trend.png")),)))
+                                "Each method's ratios, mean over tasks and temperatures, night by night: a drift shows here before it crosses a gate.",
+                                figures=(("throughput and forward ratios per nightly", plots.trend(
+                                    trend, report_dir / "trend.png", figure_title(f"suite {suite.name}: the last nightlies", who, date))),)))
+    sections += _accuracy_sections(new, base, suite)
+    sections.append(Section("Accepted steps per forward", figures=(shown[-1],)))
     lead = verdict(findings, baseline, new)
-    return Report(f"spot-eval nightly {date}: suite {suite.name}", lead, sections)
+    return Report(f"spot-eval nightly {date}: suite {suite.name}", lead, sections, header(who, date=date, suite=suite.name))
+
+
+def _accuracy_sections(new: Bundle, base: Bundle | None, suite: Suite) -> list[Section]:
+    out = []
+    accuracy = accuracy_table(new)
+    if not accuracy.empty:
+        out.append(Section("Accuracy", "lm-eval's scores (accuracy metrics only) of the draft-free text, which every lossless method reproduces.",
+                           tables=(("per task and metric, mean over seeds", accuracy),)))
+    _, paired = accuracy_changes(new, base, suite.tolerances.accuracy_p) if base is not None else (None, pd.DataFrame())
+    if not paired.empty:
+        out.append(Section("Accuracy against the baseline (paired per sample)",
+                           tables=(("lost / gained: samples right in the baseline and wrong now, and the reverse", paired),)))
+    lossy = lossy_accuracy(new.outcomes)
+    if not lossy.empty:
+        out.append(Section("Lossy methods against draft-free (paired per sample)",
+                           "A lossy method (max-commit, opt-in) differs from draft-free by design: its divergence rate is "
+                           "1 - lossless above, and a drop in its own outputs' accuracy beyond noise is a finding.",
+                           tables=(("accuracy of each lossy method's outputs and of draft-free's on the same samples", lossy),)))
+    diverged = divergence_table(new)
+    if not diverged.empty:
+        out.append(Section("Divergences", "Each request whose tokens differ from draft-free, with the decision that flipped "
+                                          "and its margin: a margin near 0 is a numerics tie, a large one a bug.",
+                           tables=(("first divergent token per request", diverged),)))
+    return out
 
 
 def trend_series(

@@ -1,4 +1,10 @@
-"""Plots of a run's summary: throughput ratio per task and method, and accepted-length histograms."""
+"""The reports' figures: grouped bars per task and method, accepted-length histograms, trends over nightlies.
+
+Every method has one style in every figure, a function of its label alone: a colour per method family
+from the Okabe-Ito palette (distinguishable under the common colour-vision deficiencies) and a hatch
+for the larger budget and for budget=auto, so a reader matches bars across figures without a legend
+hunt. `overlapping_labels` is what the tests check every figure with: no tick label drawn over another.
+"""
 
 from __future__ import annotations
 
@@ -7,85 +13,145 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")  # files only: runs headless on servers and in CI
+import matplotlib.dates as mdates  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+
+from spot_eval.reports.table2 import ANCHOR, display_name, row_key  # noqa: E402
+
+# Okabe & Ito (2008), "Color universal design": one colour per method family.
+FAMILY_COLOURS = {"draft_free": "#999999", "spiffy": "#E69F00", "spot": "#0072B2", "spot_gamma": "#009E73",
+                  "sets": "#CC79A7", "sets_max": "#D55E00", "random": "#56B4E9", "adversarial": "#F0E442", "oracle": "#000000"}
+OTHER = "#666666"
+LARGE_BUDGET = 10  # budgets from here on are hatched: the paper's two budgets per method (8, 20; Spiffy 3, 10) differ
+
+
+def style(label: str) -> dict:
+    """Bar colour and hatch of a method label (`spot@20`, `spot@auto`, `draft_free`)."""
+    name, _, budget = label.partition("@")
+    hatch = "xx" if budget == "auto" else ("//" if budget.isdigit() and int(budget) >= LARGE_BUDGET else "")
+    return {"color": FAMILY_COLOURS.get(name, OTHER), "hatch": hatch, "edgecolor": "white" if hatch else None}
+
+
+def _legend_name(label: str, policy: str) -> str:
+    return display_name(label, policy) + (f" (over {policy} decoding)" if policy != ANCHOR and label != "draft_free" else "")
+
+
+def _save(fig: Figure, path: Path) -> Path:
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def bars_figure(numbers: pd.DataFrame, column: str, ylabel: str, title: str) -> Figure:
+    """Tasks on x, one bar per method (a panel per temperature, stacked), error bars = std over seeds.
+
+    numbers: long form with temperature, task, label, `column`_mean, `column`_std and optionally policy
+    (spot_eval.reports.table2.numbers); the single-commit draft-free rows (all 1.0) are the dashed line."""
+    numbers = numbers.assign(policy=numbers.get("policy", ANCHOR))
+    rows = numbers[~((numbers.label == "draft_free") & (numbers.policy == ANCHOR))]
+    temperatures = sorted(rows.temperature.unique())
+    tasks = sorted(rows.task.unique())
+    series = sorted({(p, lab) for p, lab in zip(rows.policy, rows.label, strict=True)},
+                    key=lambda pl: (pl[0] != ANCHOR, pl[0], row_key(pl[1])))
+    width = 0.8 / max(len(series), 1)
+    fig, axes = plt.subplots(len(temperatures), 1, figsize=(max(7.0, 0.22 * len(tasks) * len(series) + 1.5), 1.0 + 2.8 * len(temperatures)),
+                             squeeze=False, sharey=True)
+    for ax, temperature in zip(axes[:, 0], temperatures, strict=True):
+        here = rows[rows.temperature == temperature]
+        for i, (policy, label) in enumerate(series):
+            part = here[(here.policy == policy) & (here.label == label)].set_index("task").reindex(tasks)
+            x = [t + (i - (len(series) - 1) / 2) * width for t in range(len(tasks))]
+            err = part[f"{column}_std"].fillna(0.0) if f"{column}_std" in part else None
+            ax.bar(x, part[f"{column}_mean"], width=width, yerr=err, capsize=2, label=_legend_name(label, policy),
+                   error_kw={"elinewidth": 0.8}, **style(label))
+        ax.axhline(1.0, color="grey", lw=0.8, ls="--")
+        ax.set_xticks(range(len(tasks)), [t.removeprefix("spot_") for t in tasks])
+        ax.set_title(f"T = {temperature:g}", fontsize=9)
+        ax.set_ylabel(ylabel)
+    axes[-1][0].set_xlabel("task")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncol=min(len(labels), 4), fontsize=7, frameon=False)
+    fig.suptitle(title, fontsize=9)
+    fig.set_layout_engine("constrained")
+    return fig
+
+
+def grouped_bars(numbers: pd.DataFrame, column: str, path: Path, ylabel: str, title: str) -> Path:
+    return _save(bars_figure(numbers, column, ylabel, title), path)
 
 
 def throughput_bars(summary: pd.DataFrame, path: Path) -> Path:
-    """Grouped bars: tasks on x, one bar per method, height = throughput ratio vs draft-free."""
-    table = summary[summary.label != "draft_free"].pivot(index="task", columns="label", values="throughput_ratio")
-    ax = table.plot.bar(figsize=(max(4, 1.5 * len(table)), 3.5), rot=0)
-    ax.axhline(1.0, color="grey", lw=0.8, ls="--")
-    ax.set_ylabel("throughput ratio vs draft-free")
-    ax.set_title("wall-clock speed-up (same requests, same process)")
-    ax.figure.tight_layout()
-    ax.figure.savefig(path, dpi=120)
-    plt.close(ax.figure)
-    return path
+    """One run's throughput ratio per task and method (summary: spot_eval.reports.results.summarize per task)."""
+    numbers = summary.assign(temperature=summary.get("temperature", 0.0)).rename(columns={"throughput_ratio": "throughput_mean"})
+    return grouped_bars(numbers, "throughput", path, "throughput × over draft-free", "wall-clock speed-up (same requests, same process)")
 
 
-def accepted_histogram(frame: pd.DataFrame, path: Path) -> Path:
-    """Steps advanced per verify forward, pooled over requests, one panel per method."""
-    methods = [m for m in frame.label.unique() if m != "draft_free"] or ["draft_free"]
-    fig, axes = plt.subplots(1, len(methods), figsize=(3.2 * len(methods), 2.8), squeeze=False)
-    for ax, label in zip(axes[0], methods, strict=True):
-        lengths = [n for row in frame[frame.label == label].accepted_lengths for n in row]
-        ax.hist(lengths, bins=range(1, max(lengths, default=1) + 2), align="left", rwidth=0.85)
-        ax.set_title(label)
-        ax.set_xlabel("accepted steps per forward")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
-
-
-def against_baseline(table: pd.DataFrame, column: str, path: Path, ylabel: str) -> Path:
-    """Bars per task and method: this run's `column` beside the baseline's (`column`_base), per temperature."""
-    rows = table[table.label != "draft_free"]
-    temperatures = sorted(rows.temperature.unique())
-    fig, axes = plt.subplots(1, len(temperatures), figsize=(5.5 * len(temperatures), 3.6), squeeze=False)
-    for ax, temperature in zip(axes[0], temperatures, strict=True):
-        part = rows[rows.temperature == temperature]
-        names = [f"{t}\n{m}" for t, m in zip(part.task, part.label, strict=True)]
-        x = range(len(part))
-        ax.bar([i - 0.2 for i in x], part[column], width=0.4, label="this run")
-        if f"{column}_base" in part:
-            ax.bar([i + 0.2 for i in x], part[f"{column}_base"], width=0.4, label="baseline", alpha=0.6)
-        ax.set_xticks(list(x), names, rotation=60, ha="right", fontsize=7)
-        ax.axhline(1.0, color="grey", lw=0.8, ls="--")
-        ax.set_title(f"T = {temperature:g}")
-        ax.set_ylabel(ylabel)
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
-
-
-def trend(series: pd.DataFrame, path: Path) -> Path:
-    """Lines over nightlies: series has columns time, label, throughput_ratio, forward_ratio."""
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.4))
-    for ax, column in zip(axes, ("throughput_ratio", "forward_ratio"), strict=True):
-        for label, rows in series.groupby("label", sort=True):
-            rows = rows.sort_values("time")
-            ax.plot(rows.time, rows[column], marker="o", label=label)
-        ax.set_title(column.replace("_", " ") + " (mean over tasks and temperatures)")
-        ax.tick_params(axis="x", rotation=30, labelsize=7)
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
-
-
-def grouped_bars(means: pd.DataFrame, stds: pd.DataFrame, path: Path, ylabel: str, title: str) -> Path:
-    """Tasks on x, one bar per method with its std over seeds as an error bar."""
-    ax = means.plot.bar(yerr=stds.fillna(0.0), figsize=(max(5, 1.8 * len(means)), 3.8), rot=0, capsize=2)
-    ax.axhline(1.0, color="grey", lw=0.8, ls="--")
-    ax.set_ylabel(ylabel)
+def histogram_figure(frame: pd.DataFrame, title: str) -> Figure:
+    """Steps advanced per verify forward, pooled over requests: per method, the share of its forwards that
+    accepted each length, as grouped bars (frame: one row per request with label and accepted_lengths)."""
+    frame = frame.assign(policy=frame.get("policy", ANCHOR))
+    labels = sorted({(p, lab) for p, lab in zip(frame.policy, frame.label, strict=True) if lab != "draft_free"} or {(ANCHOR, "draft_free")},
+                    key=lambda pl: (pl[0] != ANCHOR, pl[0], row_key(pl[1])))
+    counts = {}
+    for policy, label in labels:
+        lengths = pd.Series([n for row in frame[(frame.policy == policy) & (frame.label == label)].accepted_lengths for n in row])
+        counts[(policy, label)] = lengths.value_counts(normalize=True)
+    longest = int(max((c.index.max() for c in counts.values() if len(c)), default=1))
+    width = 0.8 / len(labels)
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.45 * longest * max(len(labels), 2) * 0.5), 3.6))
+    for i, key in enumerate(labels):
+        x = [n + (i - (len(labels) - 1) / 2) * width for n in range(1, longest + 1)]
+        ax.bar(x, counts[key].reindex(range(1, longest + 1), fill_value=0.0), width=width, label=_legend_name(key[1], key[0]),
+               **style(key[1]))
+    ax.set_xticks(range(1, longest + 1))
+    ax.set_xlabel("steps accepted per target forward")
+    ax.set_ylabel("share of forwards")
+    ax.legend(fontsize=7, ncol=2, frameon=False)
     ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=7)
-    ax.figure.tight_layout()
-    ax.figure.savefig(path, dpi=120)
-    plt.close(ax.figure)
-    return path
+    fig.set_layout_engine("constrained")
+    return fig
+
+
+def accepted_histogram(frame: pd.DataFrame, path: Path, title: str = "accepted steps per verify forward") -> Path:
+    return _save(histogram_figure(frame, title), path)
+
+
+def trend_figure(series: pd.DataFrame, title: str) -> Figure:
+    """A panel per metric, a line per method over the nightlies (series: time, label, throughput_ratio, forward_ratio)."""
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    for ax, column, ylabel in zip(axes, ("throughput_ratio", "forward_ratio"),
+                                  ("throughput × over draft-free", "forwards × over draft-free"), strict=True):
+        for label, rows in sorted(series.groupby("label"), key=lambda g: row_key(g[0])):
+            rows = rows.sort_values("time")
+            ax.plot(rows.time, rows[column], marker="o", color=style(label)["color"],
+                    ls="--" if style(label)["hatch"] else "-", label=display_name(label))
+        locator = mdates.AutoDateLocator(maxticks=6)
+        ax.xaxis.set_major_locator(locator)
+        ax.xaxis.set_major_formatter(mdates.ConciseDateFormatter(locator))
+        ax.set_ylabel(ylabel)
+        ax.set_xlabel("nightly")
+        ax.set_title(ylabel.split(" ×")[0] + " (mean over tasks and temperatures)", fontsize=9)
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncol=min(len(labels), 5), fontsize=7, frameon=False)
+    fig.suptitle(title, fontsize=9)
+    fig.set_layout_engine("constrained")
+    return fig
+
+
+def trend(series: pd.DataFrame, path: Path, title: str = "trend over the last nightlies") -> Path:
+    return _save(trend_figure(series, title), path)
+
+
+def overlapping_labels(fig: Figure) -> list[tuple[str, str]]:
+    """Pairs of tick labels (on one axis of one panel) whose drawn boxes overlap, from the renderer's extents."""
+    renderer = fig.canvas.get_renderer()
+    fig.draw(renderer)  # lays the figure out as savefig would
+    clashes = []
+    for ax in fig.axes:
+        for ticks in (ax.get_xticklabels(), ax.get_yticklabels()):
+            shown = [(t.get_text(), t.get_window_extent(renderer)) for t in ticks if t.get_visible() and t.get_text()]
+            for i, (a, box_a) in enumerate(shown):
+                clashes += [(a, b) for b, box_b in shown[i + 1:] if box_a.overlaps(box_b)]
+    return clashes

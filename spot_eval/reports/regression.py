@@ -54,10 +54,14 @@ def _t(temperature: float) -> str:
     return f"T={temperature:g}"
 
 
-def divergences(new: Bundle) -> list[Finding]:
-    samples = new.samples
+def _divergent(samples: pd.DataFrame) -> pd.DataFrame:
+    """The requests of lossless methods whose tokens differ from draft-free (a lossy method differs by design)."""
     lossy = samples["lossy"].eq(True) if "lossy" in samples.columns else False
-    bad = samples[~samples["lossless"].astype(bool) & ~lossy]
+    return samples[~samples["lossless"].astype(bool) & ~lossy]
+
+
+def divergences(new: Bundle) -> list[Finding]:
+    bad = _divergent(new.samples)
     out = []
     for (temperature, seed, task, label), rows in bad.groupby(["temperature", "seed", "task", "label"], sort=True):
         first = rows.iloc[0]
@@ -197,3 +201,51 @@ def describe(divergence: dict) -> str:
     margins = ", ".join(f"{k} {v:.3g}" for k, v in (divergence.get("margins") or {}).items() if v is not None)
     return (f"{text}; block {divergence['block']} step {divergence['step']}: the {divergence['flipped']} decision "
             f"flipped (margin {divergence['margin']:.3g}; the step's margins: {margins})")
+
+
+def gates(new: Bundle, base: Bundle | None, findings: list[Finding], tolerances: Tolerances) -> pd.DataFrame:
+    """The verdict table: per regression gate, its threshold, tonight's value, the baseline's, and PASS / FAIL
+    (n/a for a gate that needs a baseline when there is none)."""
+    failed = {f.kind for f in findings}
+    table = method_table(new, base)
+    speculative = table[table.label != "draft_free"]
+
+    def divergent(bundle: Bundle) -> str:
+        samples = bundle.samples[bundle.samples.label != "draft_free"]
+        checked = samples[~samples["lossy"].eq(True)] if "lossy" in samples.columns else samples
+        return f"{len(_divergent(checked))} of {len(checked)} requests"
+
+    def mean(column: str, fmt: str) -> str:
+        values = speculative[column].dropna() if column in speculative else pd.Series(dtype=float)
+        return format(values.mean(), fmt) if len(values) else "—"
+
+    def scored(bundle: Bundle | None) -> str:
+        outcomes = labelled(bundle.outcomes) if bundle is not None else pd.DataFrame()
+        own = outcomes[outcomes.label == "draft_free"] if not outcomes.empty else outcomes
+        return f"{(own['value'] > 0.5).mean():.3f} right ({len(own)} scores)" if len(own) else "—"
+
+    def status(kind: str, needs_base: bool = True) -> str:
+        if kind in failed:
+            return "FAIL"
+        return "n/a" if needs_base and base is None else "PASS"
+
+    rows = [
+        ("lossless: every lossless method's tokens equal draft-free's", "0 divergent requests", divergent(new),
+         divergent(base) if base is not None else "—", status("divergence", needs_base=False)),
+        ("throughput ratio per task and method (mean over seeds)", f"≥ previous × {1 - tolerances.throughput_drop:.2f}",
+         mean("throughput_ratio", ".3f") + "× mean", mean("throughput_ratio_base", ".3f") + "× mean" if base is not None else "—",
+         status("throughput")),
+        ("target forwards per task and method", f"≤ previous × {1 + tolerances.forward_rise:.2f}",
+         f"{int(table.forwards.sum())} in all", f"{int(table.forwards_base.sum())} in all" if "forwards_base" in table else "—",
+         status("forwards")),
+        ("accuracy per task and metric (paired per sample)", f"no drop at McNemar p < {tolerances.accuracy_p:g}",
+         scored(new), scored(base), status("accuracy", needs_base=not lossy_accuracy(new.outcomes).shape[0])),
+    ]
+    return pd.DataFrame(rows, columns=["gate", "threshold", "tonight", "previous", "verdict"])
+
+
+def divergence_table(new: Bundle) -> pd.DataFrame:
+    """Every divergent request of a lossless method: where its tokens first differ and the decision that flipped."""
+    bad = _divergent(new.samples)
+    return pd.DataFrame([{"temperature": r.temperature, "seed": r.seed, "task": r.task, "doc_id": r.doc_id, "method": r.label,
+                          "divergence": describe(r.get("divergence") or {})} for _, r in bad.iterrows()])

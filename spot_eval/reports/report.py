@@ -27,6 +27,27 @@ class Report:
     title: str
     lead: str
     sections: list[Section] = field(default_factory=list)
+    header: dict[str, str] = field(default_factory=dict)  # the run's identity, shown under the title
+
+
+IDENTITY = (("target", "target"), ("revision", "revision"), ("dtype", "dtype"), ("device", "device"), ("gpu", "GPU"),
+            ("torch", "torch"), ("transformers", "transformers"), ("lm_eval", "lm-eval"), ("commit", "commit"),
+            ("peak_memory_mb", "peak memory (MB)"))
+STATUS = {"PASS": "pass", "FAIL": "fail", "n/a": "na"}  # verdict words and their colour classes
+
+
+def header(identity: dict[str, str], **more: str) -> dict[str, str]:
+    """The identity fields a report's header shows, in a fixed order, named for readers; `more` first."""
+    out = {k: v for k, v in more.items() if v}
+    out.update({name: identity[key] for key, name in IDENTITY if identity.get(key)})
+    return out
+
+
+def figure_title(what: str, identity: dict[str, str], date: str) -> str:
+    """A figure's title: what it shows, then what was run (target, dtype, device, date, commit)."""
+    ran = [identity.get("target"), identity.get("dtype"), identity.get("gpu") or identity.get("device"), date,
+           f"commit {identity['commit'][:10]}" if identity.get("commit") else None]
+    return f"{what}\n{' · '.join(x for x in ran if x)}"
 
 
 def _format(value: object, digits: int = 3) -> str:
@@ -36,10 +57,15 @@ def _format(value: object, digits: int = 3) -> str:
 
 
 def markdown_table(table: pd.DataFrame, digits: int = 3) -> str:
-    """A GitHub-flavoured markdown table (no tabulate dependency); floats to `digits` decimals."""
+    """A GitHub-flavoured markdown table (no tabulate dependency); floats to `digits` decimals. A named index
+    becomes the first column, and two-level columns (Table 2's task groups) read `task: quantity`."""
     def cell(value: object) -> str:
         return _format(value, digits).replace("|", "\\|")
 
+    if table.index.name is not None:
+        table = table.reset_index()
+    if isinstance(table.columns, pd.MultiIndex):
+        table = table.set_axis([": ".join(str(p) for p in c if p) for c in table.columns], axis=1)
     header = "| " + " | ".join(str(c) for c in table.columns) + " |"
     rule = "|" + "|".join("---" for _ in table.columns) + "|"
     rows = ["| " + " | ".join(cell(v) for v in row) + " |" for row in table.itertuples(index=False)]
@@ -47,7 +73,10 @@ def markdown_table(table: pd.DataFrame, digits: int = 3) -> str:
 
 
 def to_markdown(report: Report, base: Path) -> str:
-    parts = [f"# {report.title}", "", report.lead, ""]
+    parts = [f"# {report.title}", ""]
+    if report.header:
+        parts += [" · ".join(f"{k}: {v}" for k, v in report.header.items()), ""]
+    parts += [report.lead, ""]
     for s in report.sections:
         parts += [f"## {s.heading}", ""]
         if s.text:
@@ -65,24 +94,47 @@ def to_html(report: Report) -> str:
         pieces = escaped.split("**")
         return "".join(f"<b>{p}</b>" if i % 2 else p for i, p in enumerate(pieces))
 
-    body = [f"<h1>{html.escape(report.title)}</h1>", f"<p>{bold_markup(report.lead)}</p>"]
+    def cell(value: object) -> str:
+        text = _format(value)
+        if text in STATUS:  # a gate's verdict, in words and colour
+            return f'<span class="{STATUS[text]}">{text}</span>'
+        return bold_markup(text)  # **x** (the best cell) becomes <b>x</b>
+
+    body = [f"<h1>{html.escape(report.title)}</h1>"]
+    if report.header:
+        body.append('<dl class="identity">' + "".join(f"<div><dt>{html.escape(k)}</dt><dd>{html.escape(v)}</dd></div>"
+                                                  for k, v in report.header.items()) + "</dl>")
+    body.append(f'<p class="lead">{bold_markup(report.lead)}</p>')
     for s in report.sections:
         body.append(f"<h2>{html.escape(s.heading)}</h2>")
         if s.text:
             body += [f"<p>{bold_markup(p)}</p>" for p in s.text.split("\n\n")]
         for caption, table in s.tables:
-            cells = table.map(lambda v: bold_markup(_format(v)))  # **x** (the best cell) becomes <b>x</b>
-            rendered = cells.to_html(index=False, escape=False)
-            body.append(f"<figure><figcaption>{html.escape(caption)}</figcaption>{rendered}</figure>")
+            rendered = table.map(cell).to_html(index=table.index.name is not None, escape=False, border=0,
+                                               classes=table.attrs.get("html_class"), index_names=False)
+            body.append(f'<figure><figcaption>{html.escape(caption)}</figcaption><div class="scroll">{rendered}</div></figure>')
         for caption, path in s.figures:
             data = base64.b64encode(path.read_bytes()).decode()
             body.append(f'<figure><img alt="{html.escape(caption)}" src="data:image/png;base64,{data}">'
                         f"<figcaption>{html.escape(caption)}</figcaption></figure>")
-    style = ("body{font-family:sans-serif;max-width:1100px;margin:2em auto;padding:0 1em}"
-             "table{border-collapse:collapse;font-size:0.9em}td,th{border:1px solid #ccc;padding:2px 6px;text-align:right}"
-             "figure{margin:1em 0}img{max-width:100%}")
-    return (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(report.title)}</title>"
-            f"<style>{style}</style></head><body>{''.join(body)}</body></html>\n")
+    return (f"<!doctype html><html lang='en'><head><meta charset='utf-8'><title>{html.escape(report.title)}</title>"
+            f"<style>{STYLE}</style></head><body>{''.join(body)}</body></html>\n")
+
+
+STYLE = (
+    "body{font-family:system-ui,sans-serif;max-width:1400px;margin:2em auto;padding:0 1em;color:#222;line-height:1.4}"
+    "h1{font-size:1.5em;margin-bottom:.2em}h2{font-size:1.15em;margin-top:1.8em;border-bottom:1px solid #ddd}"
+    ".identity{display:flex;flex-wrap:wrap;gap:.2em 1.4em;font-size:.85em;color:#555;margin:0 0 1em}"
+    ".identity div{display:flex;gap:.3em}.identity dt{font-weight:600}.identity dd{margin:0}"
+    ".lead{font-size:1.05em}.scroll{overflow-x:auto}"
+    "table{border-collapse:collapse;font-size:.8em;margin:.3em 0}"
+    "td,th{border:1px solid #ccc;padding:1px 5px;text-align:right;white-space:nowrap}"
+    "thead th{background:#f4f4f4;text-align:center}tbody th{text-align:left}"
+    ".pass{color:#fff;background:#1a7f37;padding:0 .4em;border-radius:3px}"
+    ".fail{color:#fff;background:#cf222e;padding:0 .4em;border-radius:3px}"
+    ".na{color:#fff;background:#6e7781;padding:0 .4em;border-radius:3px}"
+    "figure{margin:1em 0}figcaption{font-size:.85em;color:#555}img{max-width:100%}"
+)
 
 
 def write(report: Report, out_dir: Path, stem: str = "report") -> tuple[Path, Path]:

@@ -44,6 +44,21 @@ class Bundle:
     accuracy: pd.DataFrame  # lm-eval's aggregate per task and metric
     created: str = ""
 
+    @property
+    def identity(self) -> dict[str, str]:
+        """What ran (spot_eval.harness.lm.identity_tags and the commit), each field's distinct values over the
+        runs joined, and the largest peak memory; empty for runs written before run.json recorded it."""
+        fields: dict[str, list[str]] = {}
+        for run in self.runs:
+            for key, value in (run.get("identity") or {}).items():
+                if value and str(value) not in fields.setdefault(key, []):
+                    fields[key].append(str(value))
+        out = {key: ", ".join(values) for key, values in fields.items() if values}
+        peaks = [run["peak_memory_mb"] for run in self.runs if run.get("peak_memory_mb") is not None]
+        if peaks:
+            out["peak_memory_mb"] = f"{max(peaks):.0f}"
+        return out
+
     def to_json(self) -> dict:
         return {
             "format": FORMAT, "created": self.created, "settings": self.settings, "runs": self.runs,
@@ -101,11 +116,13 @@ def read_run(run_dir: str | Path) -> Bundle:
     if samples.empty:
         raise ResultsError(f"{samples_file} holds no samples: the run decoded nothing (check --limit and --tasks)")
     # policy: the decoder's commit rule, which each method's ratios are taken against (SPOT-Sets: threshold)
-    samples = samples[[c for c in SAMPLE_FIELDS if c in samples.columns]].assign(
-        temperature=temperature, seed=seed, policy=decoder.get("policy", "single"))
+    policy = decoder.get("policy", "single")
+    samples = samples[[c for c in SAMPLE_FIELDS if c in samples.columns]].assign(temperature=temperature, seed=seed, policy=policy)
+    accuracy = _accuracy(run_dir, temperature, seed)
+    accuracy = accuracy.assign(policy=policy) if not accuracy.empty else accuracy
     outcomes_file = run_dir / "outcomes.jsonl"
     outcomes = pd.DataFrame(_read_jsonl(outcomes_file)) if outcomes_file.is_file() else pd.DataFrame()
-    outcomes = outcomes.assign(temperature=temperature, seed=seed) if not outcomes.empty else outcomes
+    outcomes = outcomes.assign(temperature=temperature, seed=seed, policy=policy) if not outcomes.empty else outcomes
     settings = {
         "target": run.get("target_id") or (run.get("fingerprints") or {}).get("target"),
         "block_length": decoder.get("block_length"),
@@ -113,7 +130,7 @@ def read_run(run_dir: str | Path) -> Bundle:
     }
     info = {"temperature": temperature, "seed": seed, "mlflow_run_id": run.get("mlflow_run_id"), "dir": str(run_dir),
             "identity": run.get("identity") or {}, "peak_memory_mb": run.get("peak_memory_mb")}
-    return Bundle(settings, [info], samples, outcomes, _accuracy(run_dir, temperature, seed))
+    return Bundle(settings, [info], samples, outcomes, accuracy)
 
 
 def _accuracy(run_dir: Path, temperature: float, seed: int) -> pd.DataFrame:
@@ -174,8 +191,11 @@ def read_bundle(path: str | Path) -> Bundle:
         samples = pd.DataFrame(data["samples"])
         if samples.empty or not {"task", "label", "forwards", "seconds", "temperature", "seed"} <= set(samples.columns):
             raise KeyError("samples")
-        return Bundle(data["settings"], data["runs"], samples, pd.DataFrame(data.get("outcomes") or []),
-                      pd.DataFrame(data.get("accuracy") or []), data.get("created", ""))
+        outcomes, accuracy = pd.DataFrame(data.get("outcomes") or []), pd.DataFrame(data.get("accuracy") or [])
+        # bundles written before runs recorded their policy decoded single-commit
+        samples, outcomes, accuracy = (f if f.empty or "policy" in f else f.assign(policy="single")
+                                       for f in (samples, outcomes, accuracy))
+        return Bundle(data["settings"], data["runs"], samples, outcomes, accuracy, data.get("created", ""))
     except (KeyError, TypeError) as err:
         raise ResultsError(f"results bundle {path} lacks {err}; it is truncated or corrupt, rerun the nightly") from None
 

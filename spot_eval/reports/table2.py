@@ -1,0 +1,162 @@
+"""The seed paper's Table 2: one row per method, one column group per task.
+
+A section per decoding policy. Single-commit decoding holds draft-free decoding (the anchor), then
+Spiffy, SPOT and SPOT-gamma at each budget, then budget=auto. Methods that speculate on another
+policy (SPOT-Sets on threshold decoding) sit in that policy's section, against that policy's own
+draft-free decoder, as the paper reports them, under the same single-commit anchor row: there the
+threshold decoder's ratios are over the anchor.
+
+Each task's column group holds, per method: throughput x and forwards x over the section's
+reference (draft-free seconds / method seconds and likewise forwards, summed over the same requests;
+mean ± std over seeds), accepted steps per target forward (1.00 for a draft-free decoder, as in
+Spec-Bench's leaderboard; under single commit a step is a token), the task's accuracy (lm-eval's
+first metric), and the lossless verdict: ✓ every request token-identical to draft-free *and*
+some draft accepted; "inconclusive" when nothing drafted was ever accepted (budget=auto choosing 0,
+say), so that ✓ always means speculation ran and matched; ✗ with the share of identical requests;
+"lossy" for a method that differs by design (max-commit).
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from spot_eval.reports.results import Bundle
+
+ANCHOR = "single"  # the policy every section is anchored on: standard single-commit decoding
+FAMILIES = ("draft_free", "spiffy", "spot", "spot_gamma", "sets", "sets_max")  # row order within a section
+DISPLAY = {"draft_free": "draft-free", "spiffy": "Spiffy", "spot": "SPOT", "spot_gamma": "SPOT-γ", "sets": "SPOT-Sets",
+           "sets_max": "SPOT-Sets (max-commit)", "random": "random", "adversarial": "adversarial", "oracle": "oracle"}
+LOSSLESS, DIVERGED, INCONCLUSIVE, BY_DESIGN = "✓", "✗", "inconclusive", "lossy"
+COLUMNS = ("tput ×", "fwd ×", "τ", "acc.", "lossless")  # throughput and forward ratios; τ: mean accepted steps per forward (Spec-Bench)
+
+
+def row_key(label: str) -> tuple[int, int, int, str]:
+    """Row order: draft-free first, then each family at rising budgets, budget=auto after every fixed budget."""
+    name, _, budget = label.partition("@")
+    family = FAMILIES.index(name) if name in FAMILIES else len(FAMILIES)
+    return (budget == "auto", family, int(budget) if budget.lstrip("-").isdigit() else 0, label)
+
+
+def display_name(label: str, policy: str = ANCHOR) -> str:
+    """`spot@8` -> `SPOT @8`; a policy's own draft-free decoder is named for the policy (`threshold`)."""
+    if label == "draft_free" and policy != ANCHOR:
+        return f"{policy} decoding"
+    name, _, budget = label.partition("@")
+    return f"{DISPLAY.get(name, name)} @{budget}" if budget else DISPLAY.get(name, name)
+
+
+def _per_seed(bundle: Bundle) -> pd.DataFrame:
+    """Per policy, temperature, seed, task and label: sums over the requests, and ratios over the reference
+    (the policy's draft-free decoder; for that decoder itself, single-commit draft-free on the same requests)."""
+    samples = bundle.samples.assign(policy=bundle.samples.get("policy", ANCHOR))
+    if "steps" not in samples:  # bundles written before samples recorded steps
+        samples["steps"] = samples["accepted_lengths"].map(sum)
+    samples["lossy"] = samples["lossy"].eq(True) if "lossy" in samples else False
+    keys = ["policy", "temperature", "seed", "task"]
+    sums = samples.groupby([*keys, "label"], sort=False).agg(
+        requests=("forwards", "size"), forwards=("forwards", "sum"), seconds=("seconds", "sum"), steps=("steps", "sum"),
+        lossless=("lossless", "mean"), lossy=("lossy", "max"),
+    ).reset_index()
+    reference = sums[sums.label == "draft_free"].set_index(keys)[["forwards", "seconds"]]
+    # Each row's reference: its policy's draft-free decoder; for that decoder itself, the anchor's (itself under single commit).
+    policy = sums.policy.where(sums.label != "draft_free", ANCHOR)
+    over = reference.reindex(pd.MultiIndex.from_arrays([policy, sums.temperature, sums.seed, sums.task], names=keys))
+    sums["throughput_ratio"] = over["seconds"].to_numpy() / sums["seconds"]
+    sums["forward_ratio"] = over["forwards"].to_numpy() / sums["forwards"]
+    return sums
+
+
+def _accuracy(bundle: Bundle) -> pd.DataFrame:
+    """Per policy, temperature and task: the mean over seeds of lm-eval's first accuracy metric of the task
+    (it scores the draft-free text, which every lossless method reproduces), and that metric's name."""
+    acc = bundle.accuracy
+    if acc.empty:
+        return pd.DataFrame(columns=["policy", "temperature", "task", "metric", "accuracy"])
+    acc = acc[~acc.metric.str.startswith("sample_len")].assign(policy=acc.get("policy", ANCHOR))
+    first = acc.drop_duplicates("task").set_index("task").metric  # lm-eval lists a task's primary metric first
+    acc = acc[acc.metric == acc.task.map(first)]
+    return acc.groupby(["policy", "temperature", "task", "metric"], as_index=False).agg(accuracy=("value", "mean"))
+
+
+def numbers(bundle: Bundle) -> pd.DataFrame:
+    """Long form: per policy, temperature, task and label, each cell's numbers (mean and std over seeds)."""
+    per_seed = _per_seed(bundle)
+    out = per_seed.groupby(["policy", "temperature", "task", "label"], sort=False).agg(
+        throughput_mean=("throughput_ratio", "mean"), throughput_std=("throughput_ratio", "std"),
+        forward_mean=("forward_ratio", "mean"), forward_std=("forward_ratio", "std"),
+        steps=("steps", "sum"), forwards=("forwards", "sum"), lossless=("lossless", "mean"), lossy=("lossy", "max"),
+        seeds=("seed", "nunique"), requests=("requests", "sum"),
+    ).reset_index()
+    out["accepted_mean"] = out.pop("steps") / out.pop("forwards")
+    accuracy = _accuracy(bundle)
+    out = out.merge(accuracy, on=["policy", "temperature", "task"], how="left")
+    # A lossless method's text is draft-free's, so its score is too; a lossy one's own score is not at hand here.
+    out.loc[out.lossy.astype(bool) | (out.lossless < 1), "accuracy"] = float("nan")
+    return out.sort_values(["temperature", "policy", "task"], key=lambda c: c.map(_policy_rank) if c.name == "policy" else c,
+                           kind="stable").reset_index(drop=True)
+
+
+def _policy_rank(policy: str) -> tuple[int, str]:
+    return (policy != ANCHOR, policy)
+
+
+def verdict(row: pd.Series) -> str:
+    """The lossless cell of a speculative method (see the module docstring)."""
+    if row.lossy:
+        return f"{BY_DESIGN}, {1 - row.lossless:.0%} differ"
+    if row.lossless < 1:
+        return f"{DIVERGED} {row.lossless:.0%}"
+    return LOSSLESS if row.accepted_mean > 1 else INCONCLUSIVE
+
+
+def _ratio(mean: float, std: float, seeds: int) -> str:
+    return f"{mean:.2f}" + (f" ± {std:.2f}" if seeds > 1 and pd.notna(std) else "")
+
+
+def sections(table: pd.DataFrame, temperature: float) -> list[tuple[str, pd.DataFrame]]:
+    """The display tables at one temperature, one per policy: rows are methods (index `method`), columns
+    (task, quantity) pairs; the best speculative cell per column in **bold**."""
+    at = table[table.temperature == temperature]
+    anchor = at[(at.policy == ANCHOR) & (at.label == "draft_free")]
+    out = []
+    for policy in sorted(at.policy.unique(), key=_policy_rank):
+        rows = at[at.policy == policy]
+        if policy != ANCHOR:  # the common anchor row above the policy's own decoder
+            rows = pd.concat([anchor.assign(label="anchor"), rows], ignore_index=True)
+        out.append((policy, _display(rows, policy)))
+    return out
+
+
+def _display(rows: pd.DataFrame, policy: str) -> pd.DataFrame:
+    tasks = sorted(rows.task.unique())
+    speculative = rows[~rows.label.isin(["draft_free", "anchor"])]
+    best = {(task, q): speculative[speculative.task == task][column].max()
+            for task in tasks for q, column in (("tput ×", "throughput_mean"), ("fwd ×", "forward_mean"),
+                                                ("τ", "accepted_mean"))}
+    labels = sorted(rows.label.unique(), key=lambda lab: (lab != "anchor", row_key(lab)))
+    names = {lab: display_name("draft_free") + " (anchor)" if lab == "anchor" else display_name(lab, policy) for lab in labels}
+    cells: dict[str, dict[tuple[str, str], str]] = {}
+    for lab in labels:
+        line = {}
+        for task in tasks:
+            match = rows[(rows.label == lab) & (rows.task == task)]
+            if match.empty:
+                line.update({(task, q): "—" for q in COLUMNS})
+                continue
+            r = match.iloc[0]
+            reference = lab == "anchor" or (lab == "draft_free" and policy == ANCHOR)
+            seeds = 1 if reference else r.seeds  # a reference is 1.00 by definition: no spread to show
+            values = {"tput ×": (r.throughput_mean, _ratio(r.throughput_mean, r.throughput_std, seeds)),
+                      "fwd ×": (r.forward_mean, _ratio(r.forward_mean, r.forward_std, seeds)),
+                      "τ": (r.accepted_mean, f"{r.accepted_mean:.2f}")}
+            for q, (value, text) in values.items():
+                marked = lab not in ("draft_free", "anchor") and value == best[(task, q)]
+                line[(task, q)] = f"**{text}**" if marked else text
+            line[(task, "acc.")] = "—" if pd.isna(r.accuracy) else f"{r.accuracy:.2f}"
+            line[(task, "lossless")] = "reference" if reference else ("—" if lab == "draft_free" else verdict(r))
+        cells[names[lab]] = line
+    out = pd.DataFrame.from_dict(cells, orient="index")
+    out.columns = pd.MultiIndex.from_tuples([(t.removeprefix("spot_"), q) for t, q in out.columns], names=["task", ""])
+    out.index.name = "method"
+    out.attrs["html_class"] = "table2"
+    return out
