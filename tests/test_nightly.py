@@ -49,7 +49,8 @@ def test_nightly_passes_a_rerun_and_flags_a_degraded_drafter(tmp_path, capsys, m
     report = tmp_path / "reports" / "d1"
     assert {"report.md", "report.html", "nightly.json", "throughput_ratio.png", "accepted_lengths.png"} <= {
         p.name for p in report.iterdir()}
-    assert "data:image/png;base64," in (report / "report.html").read_text()
+    page = (report / "report.html").read_text()
+    assert "data:image/png;base64," in page and 'class="dataframe table2"' in page and "<h2>Verdict</h2>" in page
     tokens = [json.loads(line)["tokens"] for line in (report / "runs" / "T0-seed0" / "samples.jsonl").open()]
     assert tokens and max(tokens) <= 64  # the suite's gen_length caps the task's own max_gen_toks (256)
 
@@ -83,7 +84,7 @@ def test_nightly_passes_a_rerun_and_flags_a_degraded_drafter(tmp_path, capsys, m
     table = run_cli(capsys, "compare", "--experiment", "nightly-test", "--tracking-uri", uri, "--out", str(tmp_path / "cmp"))
     assert table.returncode == 0, table.stderr[-2000:]
     text = (tmp_path / "cmp" / "compare.md").read_text()
-    assert "| task | SPOT @8 |" in text and "spot_gsm8k" in text and "seeds 0" in text
+    assert "| method | gsm8k: tput × |" in text and "\n| SPOT @8 | " in text and "seeds 0" in text
     empty = run_cli(capsys, "compare", "--experiment", "no-such", "--tracking-uri", uri)
     assert empty.returncode == 2 and "does not exist" in empty.stderr and "Traceback" not in empty.stderr
     down = run_cli(capsys, "compare", "--experiment", "nightly-test", "--tracking-uri", "http://127.0.0.1:9",
