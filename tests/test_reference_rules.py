@@ -453,6 +453,77 @@ def test_dream_decodes_as_fast_dllms_generator(alg):
         assert list(generate(target, prompt, replace(config, first_token_commit=False)).token_ids) != expected or alg == "entropy"
 
 
+class InPlaceCache:
+    """Fast-dLLM's dual cache: every position's keys and values from the block-start forward, the block's own rows
+    overwritten in place (its `replace_position`), so attention sums over the keys in position order."""
+
+    def __init__(self, start: int, end: int) -> None:
+        self.start, self.end, self.kv = start, end, {}
+
+    def update(self, key, value, layer):
+        if layer not in self.kv:  # the block-start forward: keep everything
+            self.kv[layer] = (key, value)
+            return key, value
+        keys, values = (t.clone() for t in self.kv[layer])
+        keys[:, :, self.start : self.end], values[:, :, self.start : self.end] = key, value
+        return keys, values
+
+
+def fast_dllm_llada_in_place(model, prompt: list[int], gen_length: int, block_length: int, threshold: float | None):
+    """`generate_with_dual_cache` at T = 0 as Fast-dLLM computes it, keys in position order (InPlaceCache) and no
+    attention mask (bidirectional SDPA): (tokens, the block's logits at every forward). threshold None: one
+    position a step (the most confident); else Fast-dLLM's threshold rule."""
+    x, n, seen, cache = torch.tensor(prompt + [MASK] * gen_length), len(prompt), [], [None]
+    for layer in model.model.layers:  # the cache reaches the attention alone: the model then makes no mask
+        layer.self_attn.forward = (lambda f: lambda *a, **kw: f(*a, **{**kw, "cache": cache[0]}))(layer.self_attn.forward)
+
+    def forward(ids, positions):
+        return model.lm_head(model.model(input_ids=ids[None], position_ids=positions[None]).last_hidden_state[0])
+
+    def commit(logits):  # [K, V]: the block's rows
+        seen.append(logits.float())
+        p = torch.softmax(logits.double(), dim=-1)
+        x0 = torch.where(torch.arange(p.shape[-1]) == MASK, -1.0, p).argmax(dim=-1)
+        block = x[start:end]
+        confidence = torch.where(block == MASK, p.gather(-1, x0[:, None])[:, 0], float("-inf"))
+        values, chosen = torch.topk(confidence, int((block == MASK).sum()) if threshold is not None else 1)
+        chosen = chosen[(values >= (threshold or 2.0)) | (torch.arange(len(values)) == 0)]
+        x[start + chosen] = x0[chosen]
+
+    with torch.no_grad():
+        for b in range(gen_length // block_length):
+            start, end = n + b * block_length, n + (b + 1) * block_length
+            cache[0] = InPlaceCache(start, end)
+            commit(forward(x, torch.arange(len(x)))[start:end])
+            while bool((x[start:end] == MASK).any()):
+                commit(forward(x[start:end], torch.arange(start, end)))
+    return x[n:].tolist(), seen
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("threshold", [None, 0.2])
+def test_dual_cache_logits_equal_fast_dllms_bit_for_bit_in_every_dtype(dtype, threshold):
+    """Keys in position order sum as Fast-dLLM's dual cache sums them: the same logits at every forward, to the
+    last bit, in bf16 too (in [frozen | block] order they differ in bf16: bench/key_order.py)."""
+    build, _, _ = TARGETS["llada"]
+    model = build(seed=11, dtype=dtype)
+    config = DecodeConfig(policy="threshold" if threshold else "single", threshold=threshold or 0.9, block_length=8,
+                          gen_length=24, mask_in_softmax=True, stop_at_eos=False)
+    for prompt in (list(range(1, 12)), list(range(2, 10))):
+        target = DualCacheTarget(model, MASK, frozenset({EOS}), 8, cache="dual")
+        logits, verify = [], target.verify
+
+        def recorded(pieces, start, *rest, verify=verify, logits=logits):
+            logits.append(out := verify(pieces, start, *rest))
+            return out
+
+        target.verify = recorded
+        tokens = list(generate(target, prompt, config).token_ids)
+        expected, seen = fast_dllm_llada_in_place(build(seed=11, dtype=dtype), prompt, 24, 8, threshold)
+        assert tokens == expected and len(logits) == len(seen) >= 3, len(prompt)
+        assert all(torch.equal(ours[0].float(), theirs) for ours, theirs in zip(logits, seen, strict=True))
+
+
 # -- the dual cache's key order ------------------------------------------------------------------
 
 
