@@ -572,11 +572,35 @@ COMMANDS = (
 )
 
 
+# The documentation site (a placeholder until it is published: pyproject.toml's Documentation URL), and the
+# page each command's --help names; tests/test_docs.py checks that every command has one and that it exists.
+DOCS = "https://spot-eval.readthedocs.io/en/latest/"
+DOCS_PAGES = {
+    "decode": "getting-started/#a-single-prompt",
+    "train-target": "targets/#the-embedded-target",
+    "collect": "methods/spot/#training-a-drafter-for-a-new-target",
+    "train-drafter": "methods/spot/#training-a-drafter-for-a-new-target",
+    "spiffy-calibrate": "methods/spiffy/#calibrating-a-graph-for-a-new-target",
+    "sync": "tracking/#outages-and-interrupted-runs",
+    "fit-gamma": "methods/spot-gamma/",
+    "calibrate-reach": "methods/budget-auto/#calibrating-a-drafter",
+    "fit-sets": "methods/spot-sets/#training-for-a-new-target",
+    "train-sets": "methods/spot-sets/#training-for-a-new-target",
+    "profile": "methods/budget-auto/#the-verify-cost-profile",
+    "nightly": "tracking/#nightly-reports",
+    "cache-datasets": "guides/tasks/#lm-evals-own-tasks-offline",
+    "compare": "tracking/#comparing-methods",
+}
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="spot-eval", description=__doc__)
+    pages = "\n".join(f"  {command.name:<18}{DOCS}{DOCS_PAGES[command.name]}" for command in COMMANDS)
+    parser = argparse.ArgumentParser(prog="spot-eval", description=__doc__, epilog=f"documentation: {DOCS}\n{pages}",
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     for command in COMMANDS:
-        p = sub.add_parser(command.name, help=command.help)
+        p = sub.add_parser(command.name, help=command.help, epilog=f"docs: {DOCS}{DOCS_PAGES[command.name]}",
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
         command.flags(p)
         p.set_defaults(run=command.run)
     return parser
