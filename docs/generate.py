@@ -289,12 +289,28 @@ def history_page(paths: list[Path]) -> str:
 
 # --- the comparison: `spot-eval compare`'s CSVs and figures in results/comparison ------------------------------------
 
-COMPARISON_COMMAND = """\
-for suite in single-t0 single-t1 threshold-t0 threshold-t1; do
-  spot-eval nightly --suite results/comparison/$suite.toml --out results/comparison --date $suite --dry-run
-done
-spot-eval compare --results results/comparison/*/nightly.json --out results/comparison
-python docs/generate.py"""
+def suites() -> list[tuple[Path, str, dict]]:
+    """The committed comparison's suites: each file, its header comment (how it was run) and its settings."""
+    out = []
+    for path in sorted(COMPARISON.glob("*.toml")):
+        text = path.read_text()
+        header = [line.removeprefix("#").removeprefix(" ") for line in text.splitlines()[:40]]
+        header = header[:next((i for i, line in enumerate(text.splitlines()) if not line.startswith("#")), len(header))]
+        out.append((path, "\n".join(header), tomllib.loads(text)))
+    return out
+
+
+def suites_section() -> str:
+    found = suites()
+    if not found:
+        return "\nThe suites (`results/comparison/*.toml`) are not committed yet.\n"
+    rows = [[f"`{path.name}`", ", ".join(f"`{t}`" for t in s.get("tasks", [])), s.get("limit", "—"), f"`{s.get('methods', '')}`",
+             ", ".join(f"{t:g}" for t in s.get("temperatures", [])), ", ".join(map(str, s.get("seeds", []))),
+             s.get("gen_length", "—"), f"`{s['model_args']}`" if s.get("model_args") else "—"] for path, _, s in found]
+    return ("\nThe suites, as committed in `results/comparison/`:\n\n"
+            + table(["suite", "tasks", "limit", "methods", "T", "seeds", "gen length", "model_args"], rows)
+            + f"\nHow they were run, from the header of `{found[0][0].relative_to(ROOT).as_posix()}`:\n\n"
+            + f"```text\n{found[0][1]}\n```\n\nThen `python docs/generate.py` writes this page and the README's table.\n")
 
 
 def comparison_rows() -> list[dict]:
@@ -384,16 +400,14 @@ def figures() -> list[Path]:
 
 def comparison_page() -> str:
     rows = comparison_rows()
-    parts = [banner("results/comparison/compare_T*.csv", "results/comparison/compare*.png"),
+    parts = [banner("results/comparison/*.toml", "results/comparison/compare_T*.csv", "results/comparison/compare*.png"),
              "# SPOT, SPOT-Sets and Spiffy on the embedded target\n\n",
              "Every method against draft-free decoding of the same requests, each request's methods decoded back to "
              "back in one process, on the embedded target (a tiny model: these are CPU figures of a 4.7M-parameter "
-             "target, not a real checkpoint's). Made by the four suites in `results/comparison/*.toml` and "
-             "`spot-eval compare`:\n\n", f"```bash\n{COMPARISON_COMMAND}\n```\n\n",
-             "The suites' settings (tasks, limit, methods, seeds, generation length) and the date and commit of the run "
-             "are in their TOML files; `results/comparison/compare.html` is the full report (accuracy, accepted steps), "
-             "and `results/comparison/*/report.html` the nightly-format report of each suite. Their `nightly.json` "
-             "bundles also serve as a pinned nightly baseline (`spot-eval nightly --baseline`).\n"]
+             "target, not a real checkpoint's), by `spot-eval nightly` over the committed suites and `spot-eval "
+             "compare`. `results/comparison/compare.html` is the full report, and `results/comparison/*/report.html` "
+             "the nightly-format report of each suite; their `nightly.json` bundles also serve as a pinned nightly "
+             "baseline (`spot-eval nightly --baseline`).\n", suites_section()]
     if not rows:
         parts.append("\n!!! note \"Pending\"\n    `results/comparison/compare_T*.csv` are not committed yet: this page "
                      "fills in when they are and `python docs/generate.py` runs.\n")
