@@ -5,8 +5,12 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import socket
+import subprocess
 import sys
+import time
+import urllib.request
 import warnings
 from pathlib import Path
 from types import SimpleNamespace
@@ -155,3 +159,73 @@ def one_thread():
 @pytest.fixture
 def target16() -> BlockCausalTarget:
     return tiny_target(16)
+
+
+# -- a real MLflow tracking server, and an evaluation logged to it (tests/test_tracking.py, tests/test_mlflow_ui.py) --
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class Server:
+    """A real `mlflow server` on 127.0.0.1 with an sqlite backend and proxied local artifacts under
+    `root`; it can be killed and restarted on the same backend and port."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.port = free_port()
+        self.uri = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        command = [
+            str(Path(sys.executable).with_name("mlflow")), "server", "--host", "127.0.0.1",
+            "--port", str(self.port), "--workers", "1",
+            "--backend-store-uri", f"sqlite:///{self.root / 'backend.db'}",
+            "--artifacts-destination", str(self.root / "artifacts"),
+        ]  # fmt: skip
+        # No job runner: one process group less to start and to kill.
+        env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+        with (self.root / "server.log").open("ab") as log:
+            # Its own session, so that stop() can kill the server and its uvicorn child as one group.
+            self.proc = subprocess.Popen(command, stdout=log, stderr=log, env=env, start_new_session=True)
+        deadline = time.monotonic() + 150  # a cold start takes ~20 s on a loaded 2-core machine
+        while time.monotonic() < deadline and self.proc.poll() is None:
+            try:
+                with urllib.request.urlopen(self.uri + "/health", timeout=1):
+                    return
+            except OSError:
+                time.sleep(0.3)
+        self.stop()
+        pytest.fail(f"mlflow server did not come up: {(self.root / 'server.log').read_text()[-2000:]}")
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=30)
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            self.kill()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory):
+    """A real MLflow server per test module, stopped after it."""
+    server = Server(tmp_path_factory.mktemp("mlflow-server"))
+    server.start()
+    yield server
+    server.stop()
+
+
+def lm_eval_spot(checkpoint: Path, uri: str, cwd: Path) -> subprocess.CompletedProcess:
+    """`lm_eval --model spot` on two spot_gsm8k documents (draft-free and oracle@4, on the CPU), logging to `uri`."""
+    args = f"pretrained={checkpoint},methods=oracle,budgets=4,gen_length=32,device=cpu,mlflow_tracking_uri={uri}"
+    command = [str(Path(sys.executable).with_name("lm_eval")), "--model", "spot", "--model_args", args,
+               "--tasks", "spot_gsm8k", "--include_path", str(ROOT / "tasks"), "--limit", "2"]  # fmt: skip
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    return subprocess.run(command, capture_output=True, text=True, env=env, cwd=cwd, timeout=600)

@@ -4,85 +4,45 @@ spool and `spot-eval sync`, and every run is read back with `MlflowClient`."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import re
 import signal
 import subprocess
 import sys
 import time
-import urllib.request
 import warnings
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import free_port, write_checkpoint
+from conftest import Server, free_port, lm_eval_spot, write_checkpoint
 from mlflow import MlflowClient
 
 from spot_eval.cli import main
 from spot_eval.tracking import writer
 from spot_eval.tracking.spool import Spool
 from spot_eval.tracking.sync import sync
-from spot_eval.tracking.writer import NullTracker, Tracker, TrackingConfig, open_tracker, resume, safe_name
+from spot_eval.tracking.writer import (
+    MAX_EXPERIMENT_TAG,
+    VIEW_TAG,
+    InputDataset,
+    NullTracker,
+    Tracker,
+    TrackingConfig,
+    open_tracker,
+    resume,
+    runs_view,
+    safe_name,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 ACCURACY = "gsm8k/exact_match_strict-match"  # safe_name("gsm8k/exact_match,strict-match")
-
-
-class Server:
-    """A real `mlflow server` on 127.0.0.1 with an sqlite backend and proxied local artifacts under
-    `root`; it can be killed and restarted on the same backend and port."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.port = free_port()
-        self.uri = f"http://127.0.0.1:{self.port}"
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        command = [
-            str(Path(sys.executable).with_name("mlflow")), "server", "--host", "127.0.0.1",
-            "--port", str(self.port), "--workers", "1",
-            "--backend-store-uri", f"sqlite:///{self.root / 'backend.db'}",
-            "--artifacts-destination", str(self.root / "artifacts"),
-        ]  # fmt: skip
-        # No job runner: one process group less to start and to kill.
-        env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
-        with (self.root / "server.log").open("ab") as log:
-            # Its own session, so that stop() can kill the server and its uvicorn child as one group.
-            self.proc = subprocess.Popen(command, stdout=log, stderr=log, env=env, start_new_session=True)
-        deadline = time.monotonic() + 150  # a cold start takes ~20 s on a loaded 2-core machine
-        while time.monotonic() < deadline and self.proc.poll() is None:
-            try:
-                with urllib.request.urlopen(self.uri + "/health", timeout=1):
-                    return
-            except OSError:
-                time.sleep(0.3)
-        self.stop()
-        pytest.fail(f"mlflow server did not come up: {(self.root / 'server.log').read_text()[-2000:]}")
-
-    def kill(self) -> None:
-        assert self.proc is not None
-        os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait(timeout=30)
-
-    def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        os.killpg(self.proc.pid, signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            self.kill()
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory):
-    server = Server(tmp_path_factory.mktemp("mlflow-server"))
-    server.start()
-    yield server
-    server.stop()
+GSM8K = InputDataset("gsm8k", "0123456789abcdef", "hugging_face", '{"path": "openai/gsm8k", "config_name": "main"}',
+                     '{"documents": 2, "limit": 2}')
+VIEW = ("toy: gsm8k | spot@8", ["gsm8k/throughput_ratio", "gsm8k/exact_match,strict-match"])
 
 
 def _log_evaluation(tracker: Tracker, files: Path, midway: Callable[[], None] = lambda: None) -> str:
@@ -93,6 +53,8 @@ def _log_evaluation(tracker: Tracker, files: Path, midway: Callable[[], None] = 
     (files / "samples.jsonl").write_text('{"doc_id": 0, "output": "42"}\n')
     (files / "results.json").write_text('{"results": {"gsm8k": {"exact_match,strict-match": 0.25}}}')
     tracker.log_params({"model_args": "target=toy,budget=8", "lm_eval_version": "0.4.13"})
+    tracker.log_inputs([GSM8K])
+    assert tracker.save_view(*VIEW) == runs_view(*VIEW)[0]
     with tracker.child("draft_free") as run:
         run.log_metrics({"gsm8k/target_forwards": 120.0})
         run.log_artifact(files / "samples.jsonl", "samples")
@@ -117,6 +79,12 @@ def _check_evaluation(client: MlflowClient, run_id: str, tmp_path: Path) -> None
     assert parent.info.status == "FINISHED" and parent.info.run_name == "spot-eval"
     assert parent.data.params["model_args"] == "target=toy,budget=8" and "git_commit" in parent.data.params
     assert parent.data.metrics == {ACCURACY: 0.25}
+    view = json.loads(client.get_experiment(parent.info.experiment_id).tags[VIEW_TAG + runs_view(*VIEW)[0]])
+    assert view["name"] == VIEW[0] and json.loads(view["state"]) == {
+        "selectedColumns": ["attributes.`Dataset`", "metrics.`gsm8k/throughput_ratio`", f"metrics.`{ACCURACY}`"]}
+    [logged] = parent.inputs.dataset_inputs
+    assert InputDataset(**{k: getattr(logged.dataset, k) for k in ("name", "digest", "source_type", "source", "profile", "schema")},
+                        context=logged.tags[0].value) == GSM8K and [t.key for t in logged.tags] == ["mlflow.data.context"]
     results = client.download_artifacts(run_id, "results.json", str(tmp_path))
     assert "exact_match,strict-match" in Path(results).read_text()
     nested = client.search_runs([parent.info.experiment_id], f"tags.mlflow.parentRunId = '{run_id}'")
@@ -155,6 +123,24 @@ def test_tracking_off_is_a_null_tracker_at_every_call_site():
     with tracker.child("spot@8") as run:
         run.log_metrics({"x": 1.0})
     assert isinstance(resume(tracker.run_id), NullTracker)
+
+
+def test_a_saved_view_of_the_runs_table_fits_in_an_experiment_tag_and_has_a_link(tmp_path):
+    many = [f"method_{i}/task_with_a_long_name_{i}/throughput_ratio" for i in range(1000)]
+    view, value = runs_view("many", many)
+    columns = json.loads(json.loads(value)["state"])["selectedColumns"]
+    assert len(value) <= MAX_EXPERIMENT_TAG and 100 < len(columns) < 1000 and columns[1] == f"metrics.`{many[0]}`"
+    assert runs_view("many", many)[0] == view != runs_view("other", many)[0]
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tracker = open_tracker(TrackingConfig(tracking_uri=uri, experiment="views", spool_dir=str(tmp_path / "spool")))
+    view = tracker.save_view(*VIEW)
+    experiment = MlflowClient(uri).get_experiment_by_name("views")
+    assert VIEW_TAG + view in experiment.tags
+    # `mlflow ui` serves a local store at 127.0.0.1:5000; the link opens the runs table, not the GenAI overview.
+    assert tracker.ui_link(view) == (f"http://127.0.0.1:5000/#/experiments/{experiment.experiment_id}/runs"
+                                     f"?workflowType=machine_learning&viewStateShareKey={view}")
+    tracker.end()
+    assert NullTracker().save_view(*VIEW) is None and NullTracker().ui_link() is None
 
 
 def test_default_store_is_sqlite_in_the_working_directory(tmp_path, monkeypatch):
@@ -311,15 +297,7 @@ def test_server_killed_mid_run_loses_nothing(server, tmp_path, capsys):
 # -- the same through `lm_eval --model spot` ------------------------------------------------------
 
 
-def _lm_eval(checkpoint: Path, uri: str, cwd: Path) -> subprocess.CompletedProcess:
-    args = f"pretrained={checkpoint},methods=oracle,budgets=4,gen_length=32,device=cpu,mlflow_tracking_uri={uri}"
-    command = [str(Path(sys.executable).with_name("lm_eval")), "--model", "spot", "--model_args", args,
-               "--tasks", "spot_gsm8k", "--include_path", str(ROOT / "tasks"), "--limit", "2"]  # fmt: skip
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-    return subprocess.run(command, capture_output=True, text=True, env=env, cwd=cwd, timeout=600)
-
-
-def _check_spot_run(client: MlflowClient) -> None:
+def _check_spot_run(client: MlflowClient, cwd: Path) -> None:
     found = client.get_experiment_by_name("spot-eval")
     assert found.tags["mlflow.experimentKind"] == "custom_model_development"  # MLflow's UI opens on the runs table
     experiment = found.experiment_id
@@ -339,14 +317,36 @@ def _check_spot_run(client: MlflowClient) -> None:
     children = client.search_runs([experiment], f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
     assert {c.info.run_name for c in children} == {"draft_free", "oracle@4"}
     assert any(a.path == "spot-eval/samples.jsonl" for a in client.list_artifacts(parent.info.run_id, "spot-eval"))
+    # The task's documents as a dataset input: its name, a digest of the requests decoded, its source and its size.
+    [logged] = parent.inputs.dataset_inputs
+    dataset = logged.dataset
+    [samples] = (cwd / "spot-eval-runs").glob("*/samples.jsonl")
+    rows = [json.loads(line) for line in samples.read_text().splitlines()]
+    docs = sorted({(r["doc_id"], r["prompt_sha256"]) for r in rows})
+    assert dataset.name == "spot_gsm8k" and dataset.digest == hashlib.sha256(json.dumps(docs).encode()).hexdigest()[:16]
+    assert json.loads(dataset.profile) == {"documents": 2, "requests": 2, "of": 1319, "limit": 2}
+    assert dataset.source_type == "code" and json.loads(dataset.source) == {
+        "tags": {"task": "spot_gsm8k", "split": "test", "custom_dataset": "load_gsm8k", "upstream_task": "gsm8k"}}
+    assert {(t.key, t.value) for t in logged.tags} == {("mlflow.data.context", "eval")}
+    # A saved view of the runs table shows the methods' headline figures (not draft-free's: all 1) and the accuracy.
+    [view] = [json.loads(v) for k, v in found.tags.items() if k.startswith(VIEW_TAG)]
+    columns = json.loads(view["state"])["selectedColumns"]
+    assert view["name"] == "spot-eval: spot_gsm8k | oracle@4" and columns == [
+        "attributes.`Dataset`", *(f"metrics.`oracle_4/spot_gsm8k/{k}`" for k in ("throughput_ratio", "forward_ratio", "tokens_per_forward", "lossless")),
+        "metrics.`spot_gsm8k/exact_match_strict-match`", "metrics.`spot_gsm8k/exact_match_flexible-extract`"]
 
 
 @pytest.mark.slow
 def test_lm_eval_logs_a_whole_evaluation_to_a_real_server(server, tmp_path):
     checkpoint = write_checkpoint(tmp_path / "ckpt")
-    run = _lm_eval(checkpoint, server.uri, tmp_path)
+    run = lm_eval_spot(checkpoint, server.uri, tmp_path)
     assert run.returncode == 0, run.stderr[-2000:]
-    _check_spot_run(MlflowClient(tracking_uri=server.uri))
+    _check_spot_run(MlflowClient(tracking_uri=server.uri), tmp_path)
+    # The link it prints opens the runs table with the saved view (tests/test_mlflow_ui.py opens it in a browser).
+    experiment = MlflowClient(tracking_uri=server.uri).get_experiment_by_name("spot-eval")
+    [view] = [k.removeprefix(VIEW_TAG) for k in experiment.tags if k.startswith(VIEW_TAG)]
+    link = f"{server.uri}/#/experiments/{experiment.experiment_id}/runs?workflowType=machine_learning&viewStateShareKey={view}"
+    assert f"; its runs table: {link}\n" in run.stdout
 
 
 @pytest.mark.slow
@@ -354,7 +354,7 @@ def test_lm_eval_with_the_server_down_spools_and_sync_uploads(tmp_path):
     checkpoint = write_checkpoint(tmp_path / "ckpt")
     down = Server(tmp_path / "late")
     (tmp_path / "late").mkdir()
-    run = _lm_eval(checkpoint, down.uri, tmp_path)
+    run = lm_eval_spot(checkpoint, down.uri, tmp_path)
     assert run.returncode == 0, run.stderr[-2000:]
     assert "spot-eval sync" in run.stderr  # the one-line warning says how to recover
     spool = tmp_path / "spot-eval-spool"
@@ -364,7 +364,7 @@ def test_lm_eval_with_the_server_down_spools_and_sync_uploads(tmp_path):
         sync = subprocess.run([sys.executable, "-m", "spot_eval.cli", "sync", "--spool", str(spool), "--tracking-uri", down.uri],
                               capture_output=True, text=True, cwd=tmp_path, timeout=300)
         assert sync.returncode == 0, sync.stderr
-        _check_spot_run(MlflowClient(tracking_uri=down.uri))
+        _check_spot_run(MlflowClient(tracking_uri=down.uri), tmp_path)
     finally:
         down.stop()
 

@@ -271,11 +271,12 @@ class SpotLM(LM):
             "drafters": self._fingerprints()["drafters"], **{k: config[k] for k in sorted(config)},
         }
 
-    def finish(self, results: dict | None, tasks: dict | None = None) -> None:
-        """After lm-eval scored the outputs (registration wraps lm-eval's evaluate to call this): the records of
-        the requests lm-eval answered from its cache join those decoded here, then the session writes the run."""
+    def finish(self, results: dict | None, tasks: dict | None = None, limit: float | None = None) -> None:
+        """After lm-eval scored the outputs (registration wraps lm-eval's evaluate to call this, with its --limit):
+        the records of the requests lm-eval answered from its cache join those decoded here, then the session
+        writes the run."""
         self.session.records.extend(self._resumed(tasks))
-        self.session.finish(results, tasks)
+        self.session.finish(results, tasks, limit)
 
     def _keep(self, req, record: RequestRecord) -> None:
         if self._store is not None:

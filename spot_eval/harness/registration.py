@@ -15,6 +15,7 @@ then. Newer lm-eval reads the `lm_eval.models` entry point declared in pyproject
 from __future__ import annotations
 
 import functools
+import inspect
 import logging
 import os
 import subprocess
@@ -167,7 +168,8 @@ def _reporting(evaluate):
         inner = getattr(lm, "lm", lm)  # unwrap lm-eval's CachingLM
         finish = getattr(inner, "finish", None) if hasattr(inner, "session") else None
         if callable(finish):
-            finish(results, kwargs.get("task_dict", args[0] if args else None))
+            given = inspect.signature(evaluate).bind_partial(lm, *args, **kwargs).arguments
+            finish(results, given.get("task_dict"), limit=given.get("limit"))
         return results
 
     wrapped._spot_wrapped = True

@@ -18,7 +18,9 @@ A run directory holds:
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 import tempfile
 import time
 import uuid
@@ -28,6 +30,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import pandas as pd
+from mlflow.data.code_dataset_source import CodeDatasetSource
+from mlflow.data.huggingface_dataset_source import HuggingFaceDatasetSource
 
 from spot.policy import Margins
 from spot_eval.harness.lossless import Divergence, MethodRecord
@@ -36,7 +40,7 @@ from spot_eval.harness.rescore import score_texts
 from spot_eval.reports.plots import accepted_histogram, throughput_bars
 from spot_eval.reports.regression import describe, lossy_accuracy
 from spot_eval.reports.results import summarize
-from spot_eval.tracking.writer import Tracker, safe_name
+from spot_eval.tracking.writer import InputDataset, Tracker, safe_name
 
 
 @dataclass(frozen=True)
@@ -123,6 +127,7 @@ class Session:
         self.records: list[RequestRecord] = []
         self.out_dir = Path(out_dir or Path("spot-eval-runs") / time.strftime("%Y%m%d-%H%M%S"))
         self.unwritable: str | None = None  # the run directory that could not be written, and why
+        self.view: str | None = None  # the saved view of MLflow's runs table that shows the headline figures
 
     def _write(self, files: Callable[[Path], object]) -> None:
         """Write into the run directory. If it cannot be written (removed, replaced by a file, full),
@@ -187,10 +192,11 @@ class Session:
         self._write(files)
         return self.out_dir / "samples.jsonl"
 
-    def finish(self, results: dict | None, tasks: object = None) -> None:
+    def finish(self, results: dict | None, tasks: object = None, limit: float | None = None) -> None:
         """After lm-eval scored the outputs: write and log everything, print the table, then gate.
 
         tasks: the task dict lm-eval evaluated, which scores the lossy methods' own texts (None: unscored).
+        limit: lm-eval's --limit (None: every document, or not known), recorded with each task's dataset input.
         Called on every rank: each scores its own requests' lossy texts (its tasks hold their documents),
         then the records reach rank 0 (each request once: lm-eval's padding copies were never recorded),
         which goes on alone."""
@@ -214,7 +220,7 @@ class Session:
             self._write(files)
         table = self.summary()
         accuracy = lossy_accuracy(pd.DataFrame(scored))
-        self._log(table, results, accuracy)
+        self._log(table, results, accuracy, limit)
         if not table.empty:
             columns = ["task", "label", "requests", "forward_ratio", "throughput_ratio", "tokens_per_forward", "lossless"]
             print(table[columns].to_string(index=False, float_format=lambda x: f"{x:.3f}"))
@@ -223,10 +229,12 @@ class Session:
                 print(line)
         print(f"spot-eval: samples and summary in {self.out_dir}")
         uri = getattr(self.tracker, "uri", None)
+        link = self.tracker.ui_link(self.view)
         if uri and uri.startswith("sqlite:"):
-            print(f"spot-eval: MLflow run {self.tracker.run_id}; browse with: mlflow ui --backend-store-uri {uri}")
+            print(f"spot-eval: MLflow run {self.tracker.run_id}; browse with: mlflow ui --backend-store-uri {uri}"
+                  + (f", then open {link}" if link else ""))
         elif uri:
-            print(f"spot-eval: MLflow run {self.tracker.run_id} at {uri}")
+            print(f"spot-eval: MLflow run {self.tracker.run_id} at {uri}" + (f"; its runs table: {link}" if link else ""))
         bad = self.divergences()
         self.tracker.end("FAILED" if bad and self.args.fail_on_divergence else "FINISHED")
         failures = []
@@ -239,20 +247,29 @@ class Session:
         if failures:
             raise SystemExit("\n".join(failures))
 
-    def _log(self, table: pd.DataFrame, results: dict | None, accuracy: pd.DataFrame) -> None:
-        """Accuracy on the parent run; per-method statistics on one nested run per method (a lossy one tagged
-        spot_eval.lossy=true, with its own outputs' accuracy beside draft-free's on the same samples)."""
+    def _log(self, table: pd.DataFrame, results: dict | None, accuracy: pd.DataFrame, limit: float | None = None) -> None:
+        """Accuracy and each task's documents (a dataset input) on the parent run; per-method statistics on one
+        nested run per method (a lossy one tagged spot_eval.lossy=true, with its own outputs' accuracy beside
+        draft-free's on the same samples)."""
         tracker = self.tracker
+        tracker.log_inputs(task_datasets(self.records, results, limit))
+        scores = {}  # lm-eval's numbers per task: its metrics ("metric,filter") and others (sample_len)
         for task, metrics in ((results or {}).get("results") or {}).items():
-            tracker.log_metrics({safe_name(f"{task}/{k}"): v for k, v in metrics.items()
-                                 if isinstance(v, (int, float)) and "stderr" not in k})
+            scores |= {f"{task}/{k}": v for k, v in metrics.items() if isinstance(v, (int, float)) and "stderr" not in k}
+        if scores:
+            tracker.log_metrics({safe_name(k): v for k, v in scores.items()})
         if results is not None:
             tracker.log_params({safe_name(f"task_version/{t}"): v for t, v in (results.get("versions") or {}).items()})
         frame = self.frame()
         tracker.set_tags({PEAK_MEMORY: f"{peak_memory_mb():.0f}"})
         if not table.empty:  # each method's headline figures on the parent too, where MLflow's runs table shows them as columns
-            tracker.log_metrics({safe_name(f"{r.label}/{r.task}/{k}"): float(r[k]) for _, r in table.iterrows() for k in HEADLINE})
+            headline = {safe_name(f"{r.label}/{r.task}/{k}"): float(r[k]) for _, r in table.iterrows() for k in HEADLINE}
+            tracker.log_metrics(headline)
             tracker.set_tags({NOTE: description(table)})
+            # MLflow's runs table shows them once picked: a saved view picks the methods' figures and the accuracy
+            # (not draft-free's, whose ratios are 1 by definition: it is the reference).
+            methods = [k for k in headline if not k.startswith("draft_free/")] or list(headline)
+            self.view = tracker.save_view(view_name(table), [*methods, *(k for k in scores if "," in k)])
         for label, rows in table.groupby("label", sort=False) if not table.empty else ():
             with tracker.child(label) as run:
                 for _, row in rows.iterrows():
@@ -310,6 +327,54 @@ def description(table: pd.DataFrame) -> str:
     rows += [f"| {r.task} | {r.label} | {r.requests} | {r.throughput_ratio:.2f} | {r.forward_ratio:.2f} | "
              f"{r.tokens_per_forward:.2f} | {r.lossless:.2f} |" for _, r in table.iterrows()]
     return "spot-eval: draft-free decoding against each method on the same requests (ratios over draft-free).\n\n" + "\n".join(rows)
+
+
+def view_name(table: pd.DataFrame) -> str:
+    """The saved view's name in MLflow's "Views" menu: the tasks and the methods it shows."""
+    methods = [m for m in dict.fromkeys(table.label) if m != "draft_free"] or ["draft_free"]
+    return f"spot-eval: {', '.join(dict.fromkeys(table.task))} | {', '.join(methods)}"[:200]
+
+
+def task_datasets(records: list[RequestRecord], results: dict | None, limit: float | None) -> list[InputDataset]:
+    """One MLflow dataset input per task evaluated: named by the task, with a digest of the documents evaluated
+    (their doc ids and the sha256 of the prompts their requests carried: runs with the same digest decoded the
+    same requests), the task's source (a hub dataset, or the function that loads its documents) and, as its
+    profile, how many documents of how many, and lm-eval's --limit."""
+    configs = (results or {}).get("configs") or {}
+    counts = (results or {}).get("n-samples") or {}
+    by_task: dict[str | None, list[RequestRecord]] = {}
+    for r in records:
+        by_task.setdefault(r.task, []).append(r)
+    out = []
+    for task, rows in by_task.items():
+        name = task or "requests"
+        docs = sorted({(r.doc_id, r.prompt_sha256) for r in rows}, key=lambda d: (d[0] is None, d[0] or 0, d[1]))
+        digest = hashlib.sha256(json.dumps(docs).encode()).hexdigest()[:16]
+        source = _task_source(name, configs.get(task) or {})
+        profile = {"documents": len({d for d, _ in docs}), "requests": len(rows),
+                   "of": (counts.get(task) or {}).get("original"), "limit": limit}
+        out.append(InputDataset(name, digest, source._get_source_type(), source.to_json(), json.dumps(profile)))
+    return out
+
+
+def _task_source(task: str, config: dict) -> HuggingFaceDatasetSource | CodeDatasetSource:
+    """Where a task's documents come from, as lm-eval's task config says: a hub dataset (path, config, split,
+    revision), or the `custom_dataset` function that loads them (the spot_* tasks: the vendored test sets)."""
+    split = config.get("test_split") or config.get("validation_split")
+    if config.get("dataset_path"):
+        revision = (config.get("dataset_kwargs") or {}).get("revision")
+        return HuggingFaceDatasetSource(config["dataset_path"], config.get("dataset_name"), split=split, revision=revision)
+    tags = {"task": task, "split": split}
+    loader = config.get("custom_dataset")
+    if callable(loader):
+        tags["custom_dataset"] = getattr(loader, "__qualname__", str(loader))
+    elif isinstance(loader, str):  # lm-eval's results hold the function's source
+        found = re.search(r"def (\w+)", loader)
+        tags["custom_dataset"] = found.group(1) if found else loader[:200]
+    upstream = (config.get("metadata") or {}).get("upstream_task")
+    if upstream:
+        tags["upstream_task"] = upstream
+    return CodeDatasetSource({k: v for k, v in tags.items() if v is not None})
 
 
 def lossy_lines(table: pd.DataFrame, accuracy: pd.DataFrame) -> list[str]:

@@ -19,8 +19,9 @@ from typing import Any
 
 class Spool:
     """One evaluation's journal: `journal.jsonl` (an `open` header, then one record per call: start,
-    params, metrics, tags, artifact, end, outage) and artifact copies under `artifacts/<n>/`. The
-    writer holds an flock on `lock`, so `sync` never replays a journal that is still growing."""
+    params, metrics, tags, inputs, experiment_tags, artifact, end, outage) and artifact copies under
+    `artifacts/<n>/`. The writer holds an flock on `lock`, so `sync` never replays a journal that is still
+    growing."""
 
     JOURNAL = "journal.jsonl"
     LOCK = "lock"

@@ -94,7 +94,9 @@ def client_env() -> Iterator[None]:
 
 
 # MLflow 3 opens an experiment without this tag on its GenAI overview (traces, latency charts), empty for us;
-# "custom_model_development" opens it on the runs table, where the methods' figures are columns.
+# "custom_model_development" opens it on the runs table, where the methods' figures are columns. MLflow 3.17's UI
+# decides by its own GenAI / Model training switch instead (remembered per browser), so the link an evaluation
+# prints says which (writer.MlflowTracker.ui_link) and picks the columns (writer.runs_view).
 EXPERIMENT_KIND, MODEL_DEVELOPMENT = "mlflow.experimentKind", "custom_model_development"
 
 

@@ -2,10 +2,11 @@
 
 Each spool entry is one evaluation's journal (see `spool.Spool`). Replay recreates the parent run
 and its nested runs with their start/end times and statuses, params, tags, metrics (with their steps
-and timestamps) and artifacts, then deletes the entry, so a second sync does nothing. The runs that
-reached the server before the outage are tagged `spot_eval.superseded_by` and, if still RUNNING, ended
-as FAILED. A sync cut short (the server dies again) leaves the ids of the runs it created in
-`replayed`; the next sync deletes those runs before replaying the entry again.
+and timestamps), dataset inputs, artifacts and the experiment tags they set (a saved view of the runs
+table), then deletes the entry, so a second sync does nothing. The runs that reached the server before
+the outage are tagged `spot_eval.superseded_by` and, if still RUNNING, ended as FAILED. A sync cut short
+(the server dies again) leaves the ids of the runs it created in `replayed`; the next sync deletes those
+runs before replaying the entry again.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
 
 from spot_eval.tracking.spool import Spool
 from spot_eval.tracking.store import TrackingUnavailable, client_env, experiment_id, first_use, unreachable
-from spot_eval.tracking.writer import TrackingConfig, end_dead_run
+from spot_eval.tracking.writer import InputDataset, TrackingConfig, end_dead_run
 
 REPLAYED = "replayed"  # ids of the runs a cut-short sync created, one a line
 
@@ -120,6 +121,11 @@ def _replay(
                 client.log_batch(ids[r["run"]], metrics=metrics)
             elif op == "tags":
                 client.log_batch(ids[r["run"]], tags=[RunTag(k, v) for k, v in r["tags"].items()])
+            elif op == "experiment_tags":
+                for key, value in r["tags"].items():
+                    client.set_experiment_tag(experiment, key, value)
+            elif op == "inputs":
+                client.log_inputs(ids[r["run"]], datasets=[InputDataset(**d).entity() for d in r["datasets"]])
             elif op == "artifact":
                 client.log_artifact(ids[r["run"]], str(entry / r["file"]), r["artifact_path"])
             elif op == "end":

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import atexit
 import functools
+import hashlib
+import json
 import os
 import re
 import shutil
@@ -26,15 +28,15 @@ import threading
 import time
 import uuid
 import warnings
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol, Self, TypeVar
 
 from mlflow import MlflowClient
-from mlflow.entities import Metric, Param, RunTag
+from mlflow.entities import Dataset, DatasetInput, InputTag, Metric, Param, RunTag
 from mlflow.exceptions import MlflowException
-from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
+from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT, MLFLOW_PARENT_RUN_ID
 
 from spot_eval.tracking.spool import Spool
 from spot_eval.tracking.store import (
@@ -71,6 +73,53 @@ class TrackingConfig:
                 raise ValueError(f"tracking {field} must not be empty")
 
 
+@dataclass(frozen=True)
+class InputDataset:
+    """A dataset a run evaluated, as MLflow records a dataset input (the run page's and runs table's "Datasets").
+
+    `source` and `profile` are JSON: `source` as MLflow's DatasetSource of `source_type` writes it (`to_json`),
+    `profile` what the UI shows of the data (here: how many documents, of how many, and the limit)."""
+
+    name: str
+    digest: str
+    source_type: str
+    source: str
+    profile: str | None = None
+    schema: str | None = None
+    context: str = "eval"  # MLflow's mlflow.data.context input tag: what the run used the dataset for
+
+    def entity(self) -> DatasetInput:
+        dataset = Dataset(self.name, self.digest, self.source_type, self.source, self.schema, self.profile)
+        return DatasetInput(dataset, [InputTag(MLFLOW_DATASET_CONTEXT, self.context)])
+
+
+# MLflow 3's runs table shows no metric column until someone picks it (its "Columns" menu). A saved view (its "Views"
+# menu: an experiment tag `mlflow.sharedViewState.<id>` holding the table's state as JSON) picks them, and `ui_link`
+# opens the runs table with it. `workflowType=machine_learning` there keeps MLflow 3.17's UI off its GenAI overview,
+# where it opens an experiment whatever the experiment's kind tag (store.EXPERIMENT_KIND) says.
+VIEW_TAG = "mlflow.sharedViewState."
+MAX_EXPERIMENT_TAG = 20000  # MLflow's limit on an experiment tag's value
+LOCAL_UI = "http://127.0.0.1:5000"  # where `mlflow ui` serves a local store by default
+
+
+def runs_view(name: str, metrics: Sequence[str]) -> tuple[str, str]:
+    """A saved view of MLflow's runs table named `name` that shows the Dataset column and the metrics `metrics` (as
+    logged: made safe here; the first ones where not all fit in an experiment tag; the table orders them by name):
+    (its id, the tag's value). The id is a digest of both, so the same view saved again replaces itself."""
+    columns = ["attributes.`Dataset`", *(f"metrics.`{safe_name(m)}`" for m in dict.fromkeys(metrics))]
+    stamp = _now_ms()
+
+    def value(n: int) -> str:
+        state = json.dumps({"selectedColumns": columns[:n]})
+        return json.dumps({"name": name, "createdAt": stamp, "updatedAt": stamp, "state": state})
+
+    low, high = 1, len(columns)  # the most columns that fit: between low and high
+    while low < high:
+        middle = (low + high + 1) // 2
+        low, high = (middle, high) if len(value(middle)) <= MAX_EXPERIMENT_TAG else (low, middle - 1)
+    return hashlib.sha256(json.dumps([name, columns[:low]]).encode()).hexdigest()[:16], value(low)
+
+
 class Tracker(Protocol):
     """One run. Names of params, metrics and tags pass through `safe_name`."""
 
@@ -84,6 +133,12 @@ class Tracker(Protocol):
     def set_tags(self, tags: Mapping[str, object]) -> None: ...
 
     def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None: ...
+
+    def log_inputs(self, datasets: Sequence[InputDataset]) -> None: ...
+
+    def save_view(self, name: str, metrics: Sequence[str]) -> str | None: ...
+
+    def ui_link(self, view: str | None = None) -> str | None: ...
 
     def child(self, name: str) -> Tracker: ...
 
@@ -120,6 +175,15 @@ class NullTracker(_EndsOnExit):
 
     def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
         pass
+
+    def log_inputs(self, datasets: Sequence[InputDataset]) -> None:
+        pass
+
+    def save_view(self, name: str, metrics: Sequence[str]) -> str | None:
+        return None
+
+    def ui_link(self, view: str | None = None) -> str | None:
+        return None
 
     def child(self, name: str) -> NullTracker:
         return self
@@ -337,6 +401,39 @@ class MlflowTracker(_EndsOnExit):
         self._session.spool.append(
             {"op": "artifact", "run": self._key, "file": copy, "artifact_path": artifact_path}
         )
+
+    def log_inputs(self, datasets: Sequence[InputDataset]) -> None:
+        self._check_open()
+        if not datasets:
+            return
+        entities = [d.entity() for d in datasets]
+        self._session.send(lambda c: c.log_inputs(self._server_id, datasets=entities))
+        self._session.spool.append({"op": "inputs", "run": self._key, "datasets": [asdict(d) for d in datasets]})
+
+    def save_view(self, name: str, metrics: Sequence[str]) -> str | None:
+        """Save a view of the experiment's runs table that shows `metrics` as columns (see `runs_view`); its id."""
+        self._check_open()
+        view, value = runs_view(name, metrics)
+        tags = {VIEW_TAG + view: value}
+        session = self._session
+        session.send(lambda c: [c.set_experiment_tag(session.experiment_id, k, v) for k, v in tags.items()])
+        session.spool.append({"op": "experiment_tags", "run": self._key, "tags": tags})
+        return view
+
+    def ui_link(self, view: str | None = None) -> str | None:
+        """The link that opens the experiment's runs table in MLflow's UI (with the saved view `view`): on the
+        tracking server, or for a local store where `mlflow ui` serves it by default. None while spooling."""
+        session = self._session
+        if session.client is None or not session.experiment_id:
+            return None
+        if self.uri.startswith(("http://", "https://")):
+            base = self.uri.rstrip("/")
+        elif self.uri.startswith(("sqlite:", "file:", "/")):
+            base = LOCAL_UI
+        else:
+            return None
+        query = "workflowType=machine_learning" + (f"&viewStateShareKey={view}" if view else "")
+        return f"{base}/#/experiments/{session.experiment_id}/runs?{query}"
 
     def child(self, name: str) -> MlflowTracker:
         self._check_open()
