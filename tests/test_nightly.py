@@ -117,17 +117,17 @@ def test_suite_files_are_validated(tmp_path):
 
 
 def test_the_baseline_is_the_last_passing_nightly_of_the_same_suite(tmp_path):
-    """Two suites sharing an experiment (the committed comparison's t0 and t1) never baseline each other."""
+    """Two suites sharing an experiment (the committed comparison's single-t0 and single-t1) never baseline each other."""
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     client = MlflowClient(tracking_uri=uri)
     experiment = client.create_experiment("shared", artifact_location=str(tmp_path / "artifacts"))
     ids = {}
-    for suite, regressed in (("t0", "false"), ("t1", "false"), ("t0", "true")):  # the newest t0 nightly regressed
+    for suite, regressed in (("single-t0", "false"), ("single-t1", "false"), ("single-t0", "true")):  # the newest t0 nightly regressed
         run = client.create_run(experiment, tags={"spot_eval.kind": "nightly", "spot_eval.suite": suite, "spot_eval.reports.regression": regressed})
         client.log_artifact(run.info.run_id, str(REPO / "results" / "comparison" / suite / "nightly.json"), "nightly")
         client.set_terminated(run.info.run_id, "FINISHED")
         ids.setdefault(suite, run.info.run_id)
-    for suite, temperature in (("t0", 0.0), ("t1", 1.0)):
+    for suite, temperature in (("single-t0", 0.0), ("single-t1", 1.0)):
         bundle, described = find_baseline(None, uri, "shared", suite)
         assert set(bundle.samples.temperature) == {temperature} and ids[suite] in described
     bundle, described = find_baseline(None, uri, "shared", "nightly")

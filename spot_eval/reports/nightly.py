@@ -235,7 +235,9 @@ def build_report(suite: Suite, new: Bundle, base: Bundle | None, baseline: str, 
     else:
         shown = [("steps accepted per target forward", plots.accepted_histogram(new.samples, report_dir / "accepted_lengths.png",
                                                                                figure_title("accepted steps per target forward", who, date)))]
-    if not trend.empty:
+    if not trend.empty and trend.time.nunique() == 1:  # one point is no trend
+        sections.append(Section("Trend", "The trend starts with the suite's second nightly in this MLflow experiment."))
+    elif not trend.empty:
         sections.append(Section(f"Trend over the last {trend.time.nunique()} nightlies",
                                 "Each method's ratios, mean over tasks and temperatures, night by night: a drift shows here before it crosses a gate.",
                                 figures=(("throughput and forward ratios per nightly", plots.trend(
@@ -280,14 +282,16 @@ def trend_series(
     except HistoryError as err:
         log(f"nightly: warning: no trend from MLflow: {err}")
         past = []
+    labels = {safe_name(label): label for label in current.label.unique()}  # MLflow's keys spell spot@8 as spot_8
     for run in past:
         for key, value in run.metrics.items():
             for column in ("throughput_ratio", "forward_ratio"):
                 if key.startswith(f"{column}/mean/"):
-                    rows.append({"time": pd.Timestamp(run.start_time, unit="ms"), "label": key.split("/", 2)[2], column: value})
+                    name = key.split("/", 2)[2]
+                    rows.append({"time": pd.Timestamp(run.start_time, unit="ms"), "label": labels.get(name, name), column: value})
     now = pd.Timestamp.now()
     for label, g in current[current.label != "draft_free"].groupby("label"):
-        rows.append({"time": now, "label": safe_name(label), "throughput_ratio": g.throughput_ratio.mean(), "forward_ratio": g.forward_ratio.mean()})
+        rows.append({"time": now, "label": label, "throughput_ratio": g.throughput_ratio.mean(), "forward_ratio": g.forward_ratio.mean()})
     if not rows:
         return pd.DataFrame()
     return pd.DataFrame(rows).groupby(["time", "label"], as_index=False).first()
