@@ -127,6 +127,11 @@ def test_speculation_on_threshold_decoding_has_its_own_section_under_the_single_
     assert threshold.loc["threshold decoding"].tolist() == ["1.60", "2.00", "2.00", "0.25", "—"]
     assert threshold.loc["SPOT-Sets @8"].tolist()[:2] == ["**1.25**", "**2.00**"]
     assert threshold.loc["draft-free (anchor)", ("gsm8k", "lossless")] == "reference"
+    alone = Bundle(dict(SETTINGS), [{"temperature": 0.0, "seed": 0}], pd.DataFrame([r for r in rows if r["policy"] == "threshold"]),
+                   pd.DataFrame(), pd.DataFrame())
+    [comparison] = compare(alone)  # no single-commit run: threshold decoding has no reference, SPOT-Sets keeps its own
+    assert comparison.table("threshold").loc["threshold decoding"].tolist()[:2] == ["—", "—"]
+    assert comparison.table("threshold").loc["SPOT-Sets @8"].tolist()[:2] == ["**1.25**", "**2.00**"]
 
 
 def test_the_verdict_names_each_gate_with_tonight_and_the_previous_night():

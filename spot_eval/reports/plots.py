@@ -50,7 +50,8 @@ def bars_figure(numbers: pd.DataFrame, column: str, ylabel: str, title: str) -> 
     numbers: long form with temperature, task, label, `column`_mean, `column`_std and optionally policy
     (spot_eval.reports.table2.numbers); the single-commit draft-free rows (all 1.0) are the dashed line."""
     numbers = numbers.assign(policy=numbers.get("policy", ANCHOR))
-    rows = numbers[~((numbers.label == "draft_free") & (numbers.policy == ANCHOR))]
+    # the anchor is the dashed line; a ratio without its reference in the results (NaN) has no bar
+    rows = numbers[~((numbers.label == "draft_free") & (numbers.policy == ANCHOR)) & numbers[f"{column}_mean"].notna()]
     temperatures = sorted(rows.temperature.unique())
     tasks = sorted(rows.task.unique())
     series = sorted({(p, lab) for p, lab in zip(rows.policy, rows.label, strict=True)},

@@ -110,6 +110,8 @@ def verdict(row: pd.Series) -> str:
 
 
 def _ratio(mean: float, std: float, seeds: int) -> str:
+    if pd.isna(mean):  # no reference decoder in the results (a threshold run without its single-commit anchor)
+        return "—"
     return f"{mean:.2f}" + (f" ± {std:.2f}" if seeds > 1 and pd.notna(std) else "")
 
 
