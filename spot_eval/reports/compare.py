@@ -23,7 +23,7 @@ SECTION_TITLES = {table2.ANCHOR: "single-commit decoding: ratios over draft-free
 
 def section_title(policy: str) -> str:
     return SECTION_TITLES.get(policy, f"speculation on {policy} decoding: ratios over {policy} decoding of the same requests "
-                                      f"(its own row: over the single-commit anchor)")
+                                      f"(its own row: over the single-commit anchor, whose seconds were timed in another process)")
 
 
 @dataclass(frozen=True)
