@@ -136,16 +136,17 @@ def test_speculation_on_threshold_decoding_has_its_own_section_under_the_single_
 
 def test_the_verdict_names_each_gate_with_tonight_and_the_previous_night():
     base = bundle()
-    passed = gates(bundle(spot_seconds=2.1), base, [], Tolerances()).set_index("gate")
+    rerun = bundle(spot_seconds=2.1)
+    passed = gates(method_table(rerun, base), rerun, base, [], Tolerances()).set_index("gate")
     assert passed.verdict.tolist() == ["PASS"] * 4
     assert passed.threshold.tolist() == ["0 divergent requests", "≥ previous × 0.85", "≤ previous × 1.00", "no drop at McNemar p < 0.05"]
     worse = bundle(spot_forwards=21, lossless=False)
     findings = find_regressions(worse, base, Tolerances())
-    table = gates(worse, base, findings, Tolerances())
+    table = gates(method_table(worse, base), worse, base, findings, Tolerances())
     assert table.verdict.tolist() == ["FAIL", "PASS", "FAIL", "PASS"]
     assert table.tonight[0] == "1 of 12 requests" and table.previous[0] == "0 of 12 requests"
     assert table.tonight[2] == "1026 in all" and table.previous[2] == "1020 in all"  # 6 docs x (100 + 21 + 50) and x (100 + 20 + 50)
-    alone = gates(bundle(), None, [], Tolerances())
+    alone = gates(method_table(bundle(), None), bundle(), None, [], Tolerances())
     assert alone.verdict.tolist() == ["PASS", "n/a", "n/a", "n/a"] and alone.previous.tolist() == ["—"] * 4
 
 

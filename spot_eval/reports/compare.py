@@ -60,12 +60,10 @@ def compare(bundle: Bundle) -> list[Comparison]:
 
 def accuracy_table(bundle: Bundle) -> pd.DataFrame:
     """lm-eval's accuracy metrics only (no sample_len), per task, decoding policy, metric and temperature: mean over seeds."""
-    acc = bundle.accuracy
+    acc = table2.accuracy_metrics(bundle)
     if acc.empty:
         return acc
-    acc = acc[~acc.metric.str.startswith("sample_len")].assign(policy=acc.get("policy", table2.ANCHOR))
-    out = acc.groupby(["task", "policy", "metric", "temperature"], as_index=False).agg(value=("value", "mean"), seeds=("seed", "nunique"))
-    return out.pivot_table(index=["task", "policy", "metric"], columns="temperature", values="value").rename(
+    return acc.pivot_table(index=["task", "policy", "metric"], columns="temperature", values="value", aggfunc="mean").rename(
         columns=lambda t: f"T = {t:g}").reset_index()
 
 

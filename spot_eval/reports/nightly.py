@@ -221,7 +221,7 @@ def build_report(suite: Suite, new: Bundle, base: Bundle | None, baseline: str, 
     `table` is `method_table(new, base)`, already computed for the trend and the MLflow metrics."""
     who = new.identity
     sections = [Section("Verdict", f"Against the baseline: {baseline}.",
-                        tables=(("each regression gate, tonight against the previous night", gates(new, base, findings, suite.tolerances)),))]
+                        tables=(("each regression gate, tonight against the previous night", gates(table, new, base, findings, suite.tolerances)),))]
     if findings:
         sections.append(Section("Findings", "\n\n".join(f"- **{f.kind}** {f.where}: {f.detail}" for f in findings)))
     if (new.samples.label != "draft_free").any():

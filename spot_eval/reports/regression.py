@@ -203,11 +203,10 @@ def describe(divergence: dict) -> str:
             f"flipped (margin {divergence['margin']:.3g}; the step's margins: {margins})")
 
 
-def gates(new: Bundle, base: Bundle | None, findings: list[Finding], tolerances: Tolerances) -> pd.DataFrame:
+def gates(table: pd.DataFrame, new: Bundle, base: Bundle | None, findings: list[Finding], tolerances: Tolerances) -> pd.DataFrame:
     """The verdict table: per regression gate, its threshold, tonight's value, the baseline's, and PASS / FAIL
-    (n/a for a gate that needs a baseline when there is none)."""
+    (n/a for a gate that needs a baseline when there is none). `table` is `method_table(new, base)`."""
     failed = {f.kind for f in findings}
-    table = method_table(new, base)
     speculative = table[table.label != "draft_free"]
 
     def divergent(bundle: Bundle) -> str:

@@ -66,13 +66,18 @@ def _per_seed(bundle: Bundle) -> pd.DataFrame:
     return sums
 
 
+def accuracy_metrics(bundle: Bundle) -> pd.DataFrame:
+    """lm-eval's scores that are accuracy metrics (not sample_len), each with its decoding policy."""
+    acc = bundle.accuracy
+    return acc if acc.empty else acc[~acc.metric.str.startswith("sample_len")].assign(policy=acc.get("policy", ANCHOR))
+
+
 def _accuracy(bundle: Bundle) -> pd.DataFrame:
     """Per policy, temperature and task: the mean over seeds of lm-eval's first accuracy metric of the task
     (it scores the draft-free text, which every lossless method reproduces), and that metric's name."""
-    acc = bundle.accuracy
+    acc = accuracy_metrics(bundle)
     if acc.empty:
         return pd.DataFrame(columns=["policy", "temperature", "task", "metric", "accuracy"])
-    acc = acc[~acc.metric.str.startswith("sample_len")].assign(policy=acc.get("policy", ANCHOR))
     first = acc.drop_duplicates("task").set_index("task").metric  # lm-eval lists a task's primary metric first
     acc = acc[acc.metric == acc.task.map(first)]
     return acc.groupby(["policy", "temperature", "task", "metric"], as_index=False).agg(accuracy=("value", "mean"))
