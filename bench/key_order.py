@@ -35,15 +35,16 @@ class Timed:
     def __getattr__(self, name):
         return getattr(self.target, name)
 
-    def verify(self, pieces, start, *ahead):
-        fresh = self.target._layout is None
+    def verify_batch(self, calls):
+        (call,) = calls  # one request at a time
+        fresh = call.stream.layout is None
         t = time.perf_counter()
-        logits = self.target.verify(pieces, start, *ahead)
+        out = self.target.verify_batch(calls)
         if not fresh:
             self.seconds.append(time.perf_counter() - t)
-            key = (tuple(self.target._tokens.tolist()), tuple(pieces[0].tolist()))
-            self.logits[key] = logits[0].float()
-        return logits
+            key = (tuple(call.stream.tokens.tolist()), tuple(call.pieces[0].tolist()))
+            self.logits[key] = out[0].logits[0].float()
+        return out
 
 
 def main() -> None:

@@ -4,7 +4,8 @@ The library returns data and never prints, logs or writes files; I/O lives in `s
 """
 
 from spot.config import DecodeConfig, Sampling
-from spot.engine import BlockTrace, DecodeStats, Generation, generate
+from spot.engine import BlockTrace, DecodeStats, Generation, Request, generate, generate_batch, generations
 from spot.tree import DraftTree
 
-__all__ = ["BlockTrace", "DecodeConfig", "DecodeStats", "DraftTree", "Generation", "Sampling", "generate"]
+__all__ = ["BlockTrace", "DecodeConfig", "DecodeStats", "DraftTree", "Generation", "Request", "Sampling", "generate", "generate_batch",
+           "generations"]

@@ -3,6 +3,12 @@
 Budget 0 *is* the draft-free decoder: the tree is the root alone, the walk takes the one step the
 root's logits give, and nothing else changes. Every method therefore runs this one loop.
 
+Batching: a request's decoding is a generator that yields each verify it needs (`Call`) and resumes with
+its outputs; `generations` runs up to B of them at once, every round one `Target.verify_batch` forward over
+all their calls, and admits the next waiting request as soon as one finishes (continuous batching). What a
+request decodes depends on its own inputs only (bit for bit in the exact layout), so `generate`, one
+request, is batching at B = 1.
+
 Glossary (see also spot.policy):
     node           a candidate block state in the draft tree; node 0 is the current state.
     piece          a node's full copy of the block in the verify forward.
@@ -19,7 +25,8 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass, replace
 
 import torch
@@ -31,7 +38,7 @@ from spot.noise import gumbel, step_key
 from spot.policy import Proposal, decide, topk_logprobs
 from spot.sizing import ForwardTiming, Plan, Sizing
 from spot.stopping import cut_at_stop
-from spot.targets.base import Target
+from spot.targets.base import Call, Stream, Target
 from spot.tree import DraftTree
 
 
@@ -59,10 +66,10 @@ class BlockTrace:
 
 @dataclass(frozen=True)
 class DecodeStats:
-    forwards: int  # target model calls (the prompt's and finished blocks' KV ride along)
+    forwards: int  # target forwards this request took part in (the prompt's and finished blocks' KV ride along)
     steps: int  # policy steps (commit steps) taken
     accepted_lengths: tuple[int, ...]  # steps advanced per verify forward (>= 1 each)
-    seconds: float
+    seconds: float  # from the request's admission to its end (at batch B > 1, shared with the others)
     timings: tuple[ForwardTiming, ...]  # every verify forward, with its draft (budget=auto refits its costs by them)
 
     @property
@@ -108,6 +115,26 @@ def finished(state: torch.Tensor, lo: int, hi: int, mask_id: int, eos_ids: froze
     return True
 
 
+@dataclass(frozen=True)
+class Request:
+    """One prompt to decode, and how: what `generate` takes beside the target, for `generations`."""
+
+    prompt_ids: Sequence[int] | torch.Tensor
+    config: DecodeConfig
+    drafter: Drafter | None = None
+    number: int = 0  # the request's number in the noise key (spot.noise.step_key): `generate`'s `request`
+    sizing: Sizing | None = None
+
+
+@dataclass(frozen=True)
+class _Reply:
+    """What a decoding resumes with after its Call: the call's outputs and the forward's seconds."""
+
+    logits: torch.Tensor  # [P + C, K, V]
+    hidden: torch.Tensor  # [P + C, K, d]
+    seconds: float
+
+
 def generate(
     target: Target,
     prompt_ids: list[int] | torch.Tensor,
@@ -134,7 +161,72 @@ def generate(
     record_hidden: also keep the hidden states behind every step (`BlockTrace.hidden`, what SPOT-Sets' set
     model reads).
     """
-    prompt = torch.as_tensor(prompt_ids, dtype=torch.long).flatten()
+    only = Request(prompt_ids, config, drafter, request, sizing)
+    return next(generations(target, [only], 1, decode, record, record_topk, record_margins, record_hidden))[1]
+
+
+def generate_batch(target: Target, requests: Sequence[Request], batch_size: int, **options) -> list[Generation]:
+    """`generations` in the requests' order (options: `generations`' decode and record flags)."""
+    out: list[Generation | None] = [None] * len(requests)
+    for i, generation in generations(target, requests, batch_size, **options):
+        out[i] = generation
+    return out
+
+
+def generations(
+    target: Target,
+    requests: Sequence[Request],
+    batch_size: int,
+    decode: Callable[[list[int]], str] | None = None,
+    record: bool = False,
+    record_topk: int = 0,
+    record_margins: bool = False,
+    record_hidden: bool = False,
+) -> Iterator[tuple[int, Generation]]:
+    """Decode the requests up to `batch_size` at a time, one verify forward per round for all of them; yields
+    (index in `requests`, its Generation) as each finishes, and admits the next waiting request in its place.
+    Each request's Generation is what `generate` gives for it alone (the module docstring); its
+    `stats.forwards` counts the forwards it took part in."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    waiting = deque(enumerate(requests))
+    running: dict[int, tuple[Generator, Call]] = {}  # index -> (its decoding, the call it waits on)
+
+    def advance(i: int, decoding: Generator, reply: _Reply | None) -> Generation | None:
+        try:
+            running[i] = (decoding, decoding.send(reply))
+            return None
+        except StopIteration as done:
+            running.pop(i, None)
+            return done.value
+
+    while waiting or running:
+        while waiting and len(running) < batch_size:
+            i, r = waiting.popleft()
+            decoding = _decoding(target, r, decode, record, record_topk, record_margins, record_hidden)
+            advance(i, decoding, None)  # to its first call: every request takes at least one forward
+        order = list(running)
+        t = time.perf_counter()
+        verified = target.verify_batch([running[i][1] for i in order])
+        seconds = time.perf_counter() - t
+        for i, v in zip(order, verified, strict=True):
+            done = advance(i, running[i][0], _Reply(v.logits, v.hidden, seconds))
+            if done is not None:
+                yield i, done
+
+
+def _decoding(
+    target: Target,
+    r: Request,
+    decode: Callable[[list[int]], str] | None,
+    record: bool,
+    record_topk: int,
+    record_margins: bool,
+    record_hidden: bool,
+) -> Generator[Call, _Reply, Generation]:
+    """One request's decoding: yields its verify calls, resumes with their outputs, returns its Generation."""
+    config, drafter, request, sizing = r.config, r.drafter, r.number, r.sizing
+    prompt = torch.as_tensor(r.prompt_ids, dtype=torch.long).flatten()
     k, n_prompt = config.block_length, prompt.numel()
     if target.block_length != k:
         raise ValueError(f"config.block_length {k} differs from the target's block length {target.block_length}")
@@ -165,9 +257,9 @@ def generate(
                 f"with {n_positions} positions of context the free device memory holds about {room} now. "
                 f"Use a budget of at most {max(room - 1, 0)}" + (" (or a device with more memory)." if room > 1 else ": none fits; free memory or use a larger device.")
             )
-    t0, forwards0, timings = time.perf_counter(), target.forwards, []
+    t0, timings = time.perf_counter(), []
     first = (n_prompt - origin) // k  # the first block with a position to generate
-    target.start(prompt[: origin + first * k], n_positions)
+    stream = target.open(prompt[: origin + first * k], n_positions)
     out: list[int] = []
     lengths: list[int] = []
     traces: list[BlockTrace] = []
@@ -180,8 +272,8 @@ def generate(
         lo, hi = max(n_prompt - start, 0), min(end - start, k)
         recorder = _Recorder(block, record_topk, record_margins, record_hidden, target.mask_id)
         following = torch.full((k,), target.mask_id, dtype=torch.long) if config.cross_block and block + 1 < n_blocks else None
-        states, ahead = _decode_block(target, state, start, block, lo, hi, config, drafter, request, lengths, timings, recorder,
-                                      sizing, ahead, following)
+        states, ahead = yield from _decode_block(target, stream, state, start, block, lo, hi, config, drafter, request, lengths,
+                                                 timings, recorder, sizing, ahead, following)
         if record:
             traces.append(recorder.trace(states))
         written = len(out)
@@ -194,7 +286,7 @@ def generate(
             if config.stop_strings and decode is not None and cut_at_stop(out, config.stop_strings, decode) is not None:
                 finish = "stop"
                 break
-        target.commit(states[-1])
+        stream.commit(states[-1])
     answer = out  # the tokens before the first EOS: with stop_at_eos=False, `out` also keeps the padding after it
     if not config.stop_at_eos and (eos_at := _first_eos(out, target.eos_ids)) is not None:
         answer, finish = out[:eos_at], "eos"
@@ -203,7 +295,7 @@ def generate(
         cut = cut_at_stop(answer, config.stop_strings, decode) if config.stop_strings else None
         answer, text = (answer, decode(answer)) if cut is None else cut
     stats = DecodeStats(
-        forwards=target.forwards - forwards0,
+        forwards=len(timings),  # one timing per verify forward
         steps=sum(lengths),
         accepted_lengths=tuple(lengths),
         seconds=time.perf_counter() - t0,
@@ -260,8 +352,8 @@ def _cross_piece(tree: DraftTree, following: torch.Tensor, lo: int, hi: int, mas
     return None
 
 
-def _decode_block(target, state, start, block, lo, hi, config, drafter, request, lengths, timings, recorder, sizing,
-                  ahead: _Ahead | None = None, following: torch.Tensor | None = None):
+def _decode_block(target, stream: Stream, state, start, block, lo, hi, config, drafter, request, lengths, timings, recorder,
+                  sizing, ahead: _Ahead | None = None, following: torch.Tensor | None = None):
     """Advance one block to `finished`; returns the states after each step and, where the forward that finished
     it verified the next block's first state too (`following`, the next block's first state, with cross_block),
     that piece's outputs. Each forward's timing goes to `timings`; `ahead` is the previous block's."""
@@ -304,18 +396,15 @@ def _decode_block(target, state, start, block, lo, hi, config, drafter, request,
                 tree = tree.prefix(sizing.size(tree.reach[1:], start))
         if carried is None:
             cross = None if following is None else _cross_piece(tree, following, lo, hi, mask_id, eos)
-            t = time.perf_counter()
-            # [N + 1 (+ 1 with a cross piece), K, V]
-            logits = target.verify(tree.states, start) if cross is None else target.verify(tree.states, start, cross)
-            hidden = target.hidden
-            verify_seconds = time.perf_counter() - t
+            reply = yield Call(stream, tree.states, start, cross)
+            logits, hidden = reply.logits, reply.hidden  # [N + 1 (+ 1 with a cross piece), K, V], [.., K, d]
             pieces = tree.size + 1 + (0 if cross is None else 2)  # a cross piece holds two blocks' rows
-            timings.append(ForwardTiming(pieces, start, verify_seconds, drafted, plan.mode if drafted else None, draft_seconds))
+            timings.append(ForwardTiming(pieces, start, reply.seconds, drafted, plan.mode if drafted else None, draft_seconds))
         # One sum is finite exactly when every logit is (accumulated in fp32: fp16 sums overflow), at a
         # twentieth of the cost of isfinite(logits).all(), which took 3% of a draft-free step on the CPU.
         if carried is None and not bool(torch.isfinite(logits.sum(dtype=torch.float32))):
             raise RuntimeError(
-                f"the target's forward {target.forwards} (request {request}, block {block}, step {step}) returned "
+                f"the target's forward {len(timings)} (request {request}, block {block}, step {step}) returned "
                 "non-finite logits: check the weights and the dtype (fp16 can overflow; try bfloat16 or float32)"
             )
         node, advanced = 0, 0

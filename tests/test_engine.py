@@ -24,6 +24,7 @@ from spot.drafters.spot import SpotDrafter
 from spot.drafters.stale import StaleOrder
 from spot.sizing import DraftMode, Sizing, VerifyCost
 from spot.targets import block_causal
+from spot.targets.base import Verified
 
 TEMPERATURES = [0.0, 0.7, 1.0, 2.0]
 BUDGETS = [1, 4, 8, 20]
@@ -323,12 +324,11 @@ class BrokenTarget:
     def __getattr__(self, name):
         return getattr(self.target, name)
 
-    def verify(self, pieces, start):
-        logits = self.target.verify(pieces, start)
+    def verify_batch(self, calls):
+        out = self.target.verify_batch(calls)
         if self.target.forwards > 1:
-            logits = logits.clone()
-            logits[..., 5] = float("nan")
-        return logits
+            out = [Verified(v.logits.clone().index_fill_(-1, torch.tensor([5]), float("nan")), v.hidden) for v in out]
+        return out
 
 
 def test_non_finite_logits_end_the_decode_naming_the_forward():

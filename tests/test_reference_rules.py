@@ -108,9 +108,9 @@ class Starts:
     def __getattr__(self, name):
         return getattr(self.target, name)
 
-    def verify(self, pieces, start, *ahead):
-        self.starts.append(start)
-        return self.target.verify(pieces, start, *ahead)
+    def verify_batch(self, calls):
+        self.starts += [call.start for call in calls]
+        return self.target.verify_batch(calls)
 
 
 @pytest.mark.parametrize("name", list(TARGETS))
@@ -511,13 +511,14 @@ def test_dual_cache_logits_equal_fast_dllms_bit_for_bit_in_every_dtype(dtype, th
                           gen_length=24, mask_in_softmax=True, stop_at_eos=False)
     for prompt in (list(range(1, 12)), list(range(2, 10))):
         target = DualCacheTarget(model, MASK, frozenset({EOS}), 8, cache="dual")
-        logits, verify = [], target.verify
+        logits, verify = [], target.verify_batch
 
-        def recorded(pieces, start, *rest, verify=verify, logits=logits):
-            logits.append(out := verify(pieces, start, *rest))
+        def recorded(calls, verify=verify, logits=logits):
+            out = verify(calls)
+            logits += [v.logits for v in out]
             return out
 
-        target.verify = recorded
+        target.verify_batch = recorded
         tokens = list(generate(target, prompt, config).token_ids)
         expected, seen = fast_dllm_llada_in_place(build(seed=11, dtype=dtype), prompt, 24, 8, threshold)
         assert tokens == expected and len(logits) == len(seen) >= 3, len(prompt)

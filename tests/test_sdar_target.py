@@ -87,10 +87,10 @@ def test_pieces_never_stay_in_the_cache():
     target = tiny_target(16)
     target.start(torch.arange(16))
     target.verify(random_states(5, 16, 3), 16)
-    assert target._cache.get_seq_length() == 16
+    assert target._stream.cache.get_seq_length() == 16
     target.commit(torch.arange(16))
     target.verify(random_states(3, 16, 3), 32)
-    assert target._cache.get_seq_length() == 32
+    assert target._stream.cache.get_seq_length() == 32
     with pytest.raises(RuntimeError, match="active block starts at 16 but the cache and pending blocks end at 32"):
         target.verify(random_states(1, 16, 3), 16)
 

@@ -8,7 +8,9 @@ then flips, and a speculative method writes other tokens than draft-free decodin
 
 Here every query attends to exactly the keys it may see, with nothing masked beside them: the
 rows of piece r to [cache | pending prefix | piece r], all P pieces in one batched call; the
-pending rows to [cache | pending] under their block-causal mask. Each piece thus runs the very
+pending rows to [cache | pending] under their block-causal mask. Several requests share a forward
+as consecutive runs of rows, each with its own cache: a request's attention is the very call it
+makes alone. Each piece thus runs the very
 computation a one-piece forward of its state runs. The rest of the network treats every token
 row alike, provided a linear layer's output row does not depend on how many rows the matrix has:
 CPU kernels do not promise it (oneDNN's AMX bf16 kernels split the reduction by row count), so in
@@ -16,8 +18,9 @@ this layout every linear layer and every MoE expert runs on fixed-size row chunk
 (spot.targets.rows); on CUDA flash attention's split heuristics depend on the batch too (README,
 "Exactness").
 
-The layout reaches the attention as a keyword argument of the model's forward (`piece_layout=`,
-which transformers hands every attention call), and `piece_attention` is registered with
+The layout reaches the attention as a keyword argument of the model's forward (`piece_layout=`, a
+PieceLayout per request, which transformers hands every attention call; the model runs without a
+cache of its own, and each layer appends a request's keys and values to that request's cache), and `piece_attention` is registered with
 transformers as the attention implementation `PIECES`. Without a layout it is transformers' SDPA
 attention on the mask it is given, so one model serves an exact and a packed target alike.
 """
@@ -29,6 +32,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface
+from transformers.cache_utils import Cache
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 PIECES = "spot_pieces"
@@ -36,18 +40,27 @@ PIECES = "spot_pieces"
 
 @dataclass(frozen=True)
 class PieceLayout:
-    """The rows of one verify forward: `pending` rows of completed blocks, then `pieces` x `block` rows,
-    then `ahead` cross pieces of 2 x `block` rows: [a finished active block | a state of the next block].
+    """One request's rows in a verify forward, from row `offset` on: `pending` rows of completed blocks, then
+    `pieces` x `block` rows, then `ahead` cross pieces of 2 x `block` rows: [a finished active block | a state
+    of the next block].
 
-    pending_mask: [pending, cached + pending] bool, block-causal among the pending rows (None without them).
+    cache: the request's KV of its `cached` completed blocks' positions; each layer appends the request's rows
+    to it (the caller crops the pieces' off again). pending_mask: [pending, cached + pending] bool, block-causal
+    among the pending rows (None without them).
     """
 
+    offset: int
     cached: int
     pending: int
     pieces: int
     block: int
     pending_mask: torch.Tensor | None
+    cache: Cache
     ahead: int = 0
+
+    @property
+    def rows(self) -> int:
+        return self.pending + (self.pieces + 2 * self.ahead) * self.block
 
 
 def piece_attention(
@@ -57,15 +70,24 @@ def piece_attention(
     value: torch.Tensor,
     attention_mask: torch.Tensor | None,
     scaling: float | None = None,
-    piece_layout: PieceLayout | None = None,
+    piece_layout: tuple[PieceLayout, ...] | None = None,
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
-    """transformers' attention-function contract: query [1, H, q, d], key/value [1, Hkv, cached + q, d]
-    (the cache already updated) -> ([1, q, H, d], no weights). With `piece_layout` the mask transformers
-    prepared is not used."""
-    layout = piece_layout
-    if layout is None:  # the packed layout: its mask tensor
+    """transformers' attention-function contract: query, key, value [1, H or Hkv, q, d] (the forward's rows, no
+    cache) -> ([1, q, H, d], no weights). With `piece_layout` (one per request, in row order) each request's rows
+    attend to its own cache and rows only, and the mask transformers prepared is not used."""
+    if piece_layout is None:  # the packed layout: its mask tensor (and the cache transformers updated)
         return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
+    outs = []
+    for layout in piece_layout:
+        rows = slice(layout.offset, layout.offset + layout.rows)
+        keys, values = layout.cache.update(key[:, :, rows], value[:, :, rows], module.layer_idx)  # [1, Hkv, cached + q, d]
+        outs.append(_request_attention(query[:, :, rows], keys, values, layout, scaling))
+    return torch.cat(outs, dim=2).transpose(1, 2).contiguous(), None
+
+
+def _request_attention(query, key, value, layout: PieceLayout, scaling: float | None) -> torch.Tensor:
+    """One request's rows: query [1, H, q, d], key/value [1, Hkv, cached + q, d] -> [1, H, q, d]."""
     heads, dim = query.shape[1], query.shape[-1]
     groups = heads // key.shape[1]
     key = key.repeat_interleave(groups, dim=1)  # [1, H, cached + q, d]: grouped-query heads, as repeat_kv
@@ -88,11 +110,11 @@ def piece_attention(
             attn_mask=layout.pending_mask, scale=scaling,
         )  # [1, H, Lp, d]
         out = torch.cat([rows, out], dim=2)
-    return out.transpose(1, 2).contiguous(), None
+    return out
 
 
 def _ahead_attention(query, key, value, layout: PieceLayout, scaling: float | None) -> torch.Tensor:
-    """The cross pieces' rows ([1, H, C*2K, d]; query, key, value as piece_attention's, heads repeated).
+    """The cross pieces' rows ([1, H, C*2K, d]; query, key, value one request's as _request_attention's, heads repeated).
 
     A cross piece's finished-block rows attend to [cache | pending | themselves] under an all-True mask of
     the very shape the draft-free decoder's pending rows use when that block rides along with the next

@@ -6,14 +6,47 @@ bidirectional one, spot.targets.dual_cache). One `verify` forward scores P *piec
 the active block, each in a hypothetical state. Every piece attends to the cache and to itself
 (bidirectionally), never to another piece, and carries the active block's absolute positions, so
 piece r's logits are the target's logits at state r.
+
+A target serves many requests at once: each request's cache is a *stream* (`Target.open`), and one
+`verify_batch` forward scores the pieces of several streams, each against its own cache. A stream's rows
+attend to its own cache and rows only, so a request's logits do not depend on which others share the
+forward (bit for bit in the exact layout: spot.targets.attention). `start`, `verify` and `commit` are the
+one-request view over the target's own stream.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 import torch
 from transformers import PreTrainedTokenizerBase
+
+
+class Stream(Protocol):
+    """One request's cache in a target (`Target.open`)."""
+
+    def commit(self, block: torch.Tensor) -> None:
+        """Append a finished block [K] to the cache (may be folded into the next forward)."""
+
+
+@dataclass(frozen=True)
+class Call:
+    """One request's share of a `verify_batch` forward (`Target.verify`'s arguments, with its stream)."""
+
+    stream: Stream
+    pieces: torch.Tensor  # [P, K] int64 block states; row 0 the current state
+    start: int  # absolute position of the active block's first token
+    ahead: torch.Tensor | None = None  # [C, 2K] cross pieces (with `cross_block`)
+
+
+@dataclass(frozen=True)
+class Verified:
+    """One call's outputs: logits [P + C, K, V] float32 and the LM-head inputs behind them, hidden [P + C, K, d]."""
+
+    logits: torch.Tensor
+    hidden: torch.Tensor
 
 
 @runtime_checkable
@@ -33,14 +66,21 @@ class Target(Protocol):
     # generated tokens.
     blocks_at_prompt_end: bool
 
-    def start(self, prefix: torch.Tensor, positions: int | None = None) -> None:
-        """Forget any previous request; `prefix` [L] is the cache to build.
+    def open(self, prefix: torch.Tensor, positions: int | None = None) -> Stream:
+        """A new request's stream; `prefix` [L] is the cache to build.
 
         The prefix is the prompt's complete blocks (L a multiple of K), or the whole prompt with
         `blocks_at_prompt_end`. Implementations may fold its forward into
-        the first `verify` call. positions: the request's canvas (prompt and generation in whole
+        the first verify. positions: the request's canvas (prompt and generation in whole
         blocks), which a target attending past the active block needs.
         """
+
+    def verify_batch(self, calls: Sequence[Call]) -> list[Verified]:
+        """One forward (counted once) over every call's pieces, each call's against its own stream; a call's
+        outputs are those `verify` gives for it alone (bit for bit in the exact layout)."""
+
+    def start(self, prefix: torch.Tensor, positions: int | None = None) -> None:
+        """Forget any previous request and open the target's own stream (`open`), which `verify` and `commit` use."""
 
     def verify(self, pieces: torch.Tensor, start: int, ahead: torch.Tensor | None = None) -> torch.Tensor:
         """One forward over P pieces of the active block, and C cross pieces (with `cross_block`).
@@ -57,7 +97,7 @@ class Target(Protocol):
         """
 
     def commit(self, block: torch.Tensor) -> None:
-        """Append a finished block [K] to the cache (may be folded into the next forward)."""
+        """Append a finished block [K] to the own stream's cache (may be folded into the next forward)."""
 
     def embeddings(self) -> torch.Tensor:
         """[V, d] the token-embedding matrix (what a drafter may project the tokens it reads on)."""
@@ -100,14 +140,32 @@ class ModelTarget:
         self.cross_block = False
         self.blocks_at_prompt_end = False
         self.cache: str | None = None
+        self._stream: Stream | None = None
 
     def embeddings(self) -> torch.Tensor:
         return self.model.get_input_embeddings().weight
 
-    def _counted(self, logits: torch.Tensor) -> torch.Tensor:
-        """A verify's logits in float32, the forward counted and, on CUDA, finished (so that callers
-        time the forward, not its launch)."""
+    # -- the one-request view: the target's own stream --------------------------------------------
+
+    def start(self, prefix: torch.Tensor, positions: int | None = None) -> None:
+        self._stream = self.open(prefix, positions)
+
+    def verify(self, pieces: torch.Tensor, start: int, ahead: torch.Tensor | None = None) -> torch.Tensor:
+        if self._stream is None:
+            raise RuntimeError("verify before start: start(prefix) opens the request")
+        out = self.verify_batch([Call(self._stream, pieces, start, ahead)])[0]
+        self.hidden = out.hidden
+        return out.logits
+
+    def commit(self, block: torch.Tensor) -> None:
+        if self._stream is None:
+            raise RuntimeError("commit before start: start(prefix) opens the request")
+        self._stream.commit(block)
+
+    def _counted(self, outputs: list[tuple[torch.Tensor, torch.Tensor]]) -> list[Verified]:
+        """A forward's (logits, hidden) per call as `Verified` (logits in float32), the forward counted and, on CUDA,
+        finished (so that callers time the forward, not its launch)."""
         self.forwards += 1
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-        return logits.float()
+        return [Verified(logits.float(), hidden) for logits, hidden in outputs]

@@ -17,11 +17,18 @@ With `exact=True` the same rows go through the model, but attention follows `Pie
 its logits equal those of a one-piece forward of its state bit for bit, in any dtype. Without it,
 the masked-out pieces still take part in the attention kernel's reductions, and a state's logits
 move by rounding with the piece count (bench/verify_exactness.py).
+
+Several requests in one forward (`verify_batch`) always take the per-piece layout: each request's rows
+attend to its own cache. Exact, a request's logits are then those of its forward alone bit for bit; in the
+packed layout they are not even alone, and the linear layers' rounding may also move with the rows beside
+them (docs/batching.md).
 """
 
 from __future__ import annotations
 
 import types
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -29,11 +36,35 @@ from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeExperts, Qwen3MoeTopKRouter
 
 from spot.targets.attention import PIECES, PieceLayout
-from spot.targets.base import ModelTarget
+from spot.targets.base import Call, ModelTarget, Verified
 from spot.targets.checkpoint import Checkpoint, load
 from spot.targets.memory import SAFE_FRACTION, free_bytes, layer_row_bytes
 from spot.targets.rows import row_invariant_linears
 from spot.targets.sdar import row_invariant_experts, row_invariant_router, use_sdar_norms
+
+
+@dataclass
+class PrefixCache:
+    """One request's stream: the KV of its completed blocks (`cache`) and the completed blocks whose KV the
+    next forward computes beside its pieces (`pending`, [Lp])."""
+
+    cache: DynamicCache
+    pending: torch.Tensor
+
+    def commit(self, block: torch.Tensor) -> None:
+        self.pending = torch.cat([self.pending, block.to(self.pending.device, torch.long)])
+
+
+@dataclass(frozen=True)
+class _Rows:
+    """One call's rows of a forward: ids and positions [Lp + P*K + C*2K], and how they split."""
+
+    ids: torch.Tensor
+    positions: torch.Tensor
+    cached: int
+    pending: int
+    pieces: int
+    ahead: int
 
 
 class BlockCausalTarget(ModelTarget):
@@ -50,8 +81,8 @@ class BlockCausalTarget(ModelTarget):
         exact: bool = False,
     ) -> None:
         self.exact = exact
+        model.set_attn_implementation(PIECES)  # transformers' SDPA when given a mask (the packed layout)
         if exact:
-            model.set_attn_implementation(PIECES)
             row_invariant_linears(model)
             for module in model.modules():
                 if isinstance(module, Qwen3MoeExperts):
@@ -61,8 +92,6 @@ class BlockCausalTarget(ModelTarget):
         use_sdar_norms(model)
         super().__init__(model, mask_id, eos_ids, block_length, tokenizer, name)
         self.cross_block = True  # a completed block's KV never changes, so the next block can ride behind it
-        self._cache = DynamicCache(config=model.config)
-        self._pending = torch.empty(0, dtype=torch.long, device=self.device)  # [Lp]
 
     @classmethod
     def from_pretrained(
@@ -85,49 +114,69 @@ class BlockCausalTarget(ModelTarget):
 
     # -- the Target protocol ----------------------------------------------------------------------
 
-    def start(self, prefix: torch.Tensor, positions: int | None = None) -> None:
+    def open(self, prefix: torch.Tensor, positions: int | None = None) -> PrefixCache:
         if prefix.numel() % self.block_length:
             raise ValueError(f"prefix length {prefix.numel()} is not a multiple of the block length {self.block_length}")
-        self._cache = DynamicCache(config=self.model.config)
-        self._pending = prefix.to(self.device, torch.long)
-
-    def commit(self, block: torch.Tensor) -> None:
-        self._pending = torch.cat([self._pending, block.to(self.device, torch.long)])
+        return PrefixCache(DynamicCache(config=self.model.config), prefix.to(self.device, torch.long))
 
     @torch.inference_mode()
-    def verify(self, pieces: torch.Tensor, start: int, ahead: torch.Tensor | None = None) -> torch.Tensor:
-        n_pieces, k = pieces.shape  # [P, K]
-        n_ahead = 0 if ahead is None else ahead.shape[0]  # ahead: [C, 2K]
-        cached = self._cache.get_seq_length()
-        n_pending = self._pending.numel()
+    def verify_batch(self, calls: Sequence[Call]) -> list[Verified]:
+        rows = [self._rows(call) for call in calls]
+        if len(calls) == 1 and not self.exact:
+            outputs = [self._packed(calls[0].stream, rows[0])]
+        else:
+            outputs = self._per_piece(calls, rows)
+        for call, r in zip(calls, rows, strict=True):  # keep the completed blocks only
+            call.stream.cache.crop(-(r.pieces + 2 * r.ahead) * self.block_length)
+            call.stream.pending = call.stream.pending[:0]
+        return self._counted(outputs)
+
+    def _rows(self, call: Call) -> _Rows:
+        stream, k = call.stream, self.block_length
+        n_pieces = call.pieces.shape[0]  # pieces: [P, K]
+        n_ahead = 0 if call.ahead is None else call.ahead.shape[0]  # ahead: [C, 2K]
+        cached, n_pending, start = stream.cache.get_seq_length(), stream.pending.numel(), call.start
         if cached + n_pending != start:
             raise RuntimeError(f"active block starts at {start} but the cache and pending blocks end at {cached + n_pending}")
         end = start + (2 if n_ahead else 1) * k
         if end > self.max_positions:
             raise ValueError(f"block ending at position {end} exceeds the model's {self.max_positions} positions")
-        rows = [self._pending, pieces.to(self.device).reshape(-1)]
+        ids = [stream.pending, call.pieces.to(self.device).reshape(-1)]
         positions = [torch.arange(cached, start, device=self.device), torch.arange(start, start + k, device=self.device).repeat(n_pieces)]
         if n_ahead:
-            rows.append(ahead.to(self.device).reshape(-1))
+            ids.append(call.ahead.to(self.device).reshape(-1))
             positions.append(torch.arange(start, start + 2 * k, device=self.device).repeat(n_ahead))
-        input_ids, position_ids = torch.cat(rows)[None], torch.cat(positions)[None]  # [1, Lp + P*K + C*2K]
-        if self.exact:
-            layout = PieceLayout(cached, n_pending, n_pieces, k, self._pending_mask(cached, n_pending), n_ahead)
-            attention = {"attention_mask": None, "piece_layout": layout}
-        else:
-            attention = {"attention_mask": self._mask(cached, n_pending, n_pieces, n_ahead)}  # [1, 1, L, cached + L]
+        return _Rows(torch.cat(ids), torch.cat(positions), cached, n_pending, n_pieces, n_ahead)
+
+    def _packed(self, stream: PrefixCache, rows: _Rows) -> tuple[torch.Tensor, torch.Tensor]:
+        """One request in one sequence under a 4D mask, its cache the model's (the module docstring)."""
+        mask = self._mask(rows.cached, stream.pending, rows.pieces, rows.ahead)  # [1, 1, L, cached + L]
         hidden = self.model.model(
-            input_ids=input_ids, position_ids=position_ids, cache=self._cache, use_cache=True, **attention
-        ).last_hidden_state[0, n_pending:]  # [P*K + C*2K, d]
-        # the pieces' rows, then each cross piece's next-block rows (its finished block's rows give no logits)
-        d = hidden.shape[-1]
-        own = hidden[: n_pieces * k].view(n_pieces, k, d)
-        following = hidden[n_pieces * k :].view(n_ahead, 2, k, d)[:, 1]  # [C, K, d]
-        self.hidden = torch.cat([own, following]) if n_ahead else own  # [P + C, K, d]
-        logits = self.model.lm_head(self.hidden)  # [P + C, K, V]
-        self._cache.crop(-(n_pieces + 2 * n_ahead) * k)  # keep the completed blocks only
-        self._pending = self._pending[:0]
-        return self._counted(logits)
+            input_ids=rows.ids[None], position_ids=rows.positions[None], cache=stream.cache, use_cache=True, attention_mask=mask,
+        ).last_hidden_state[0, rows.pending :]  # [P*K + C*2K, d]
+        return self._outputs(hidden, rows)
+
+    def _per_piece(self, calls: Sequence[Call], rows: list[_Rows]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Every request's rows one after another, each attending to its own cache (spot.targets.attention)."""
+        layouts, offset = [], 0
+        for call, r in zip(calls, rows, strict=True):
+            mask = self._pending_mask(r.cached, call.stream.pending)
+            layouts.append(PieceLayout(offset, r.cached, r.pending, r.pieces, self.block_length, mask, call.stream.cache, r.ahead))
+            offset += r.ids.numel()
+        hidden = self.model.model(
+            input_ids=torch.cat([r.ids for r in rows])[None], position_ids=torch.cat([r.positions for r in rows])[None],
+            use_cache=False, attention_mask=None, piece_layout=tuple(layouts),
+        ).last_hidden_state[0]  # [sum of the calls' rows, d]
+        return [self._outputs(hidden[layout.offset + r.pending : layout.offset + layout.rows], r) for layout, r in zip(layouts, rows, strict=True)]
+
+    def _outputs(self, hidden: torch.Tensor, rows: _Rows) -> tuple[torch.Tensor, torch.Tensor]:
+        """A call's piece and cross rows' hidden states [P*K + C*2K, d] -> (logits [P + C, K, V], hidden [P + C, K, d]):
+        the pieces' rows, then each cross piece's next-block rows (its finished block's rows give no logits)."""
+        k, d = self.block_length, hidden.shape[-1]
+        own = hidden[: rows.pieces * k].view(rows.pieces, k, d)
+        following = hidden[rows.pieces * k :].view(rows.ahead, 2, k, d)[:, 1]  # [C, K, d]
+        hidden = torch.cat([own, following]) if rows.ahead else own  # [P + C, K, d]
+        return self.model.lm_head(hidden), hidden
 
     def max_pieces(self, context: int) -> int:
         config = self.model.config
@@ -140,15 +189,16 @@ class BlockCausalTarget(ModelTarget):
         )
         return int(SAFE_FRACTION * free_bytes(self.device) // (self.block_length * per_position))
 
-    def _pending_mask(self, cached: int, n_pending: int) -> torch.Tensor | None:
+    def _pending_mask(self, cached: int, pending: torch.Tensor) -> torch.Tensor | None:
         """[Lp, cached + Lp]: a pending row sees the cache and the pending rows of its own or an earlier block."""
+        n_pending = pending.numel()
         if n_pending == 0:
             return None
         block = torch.arange(cached, cached + n_pending, device=self.device) // self.block_length  # [Lp]
         cache_visible = torch.ones(n_pending, cached, dtype=torch.bool, device=self.device)
         return torch.cat([cache_visible, block[None, :] <= block[:, None]], dim=1)
 
-    def _mask(self, cached: int, n_pending: int, n_pieces: int, n_ahead: int = 0) -> torch.Tensor:
+    def _mask(self, cached: int, pending: torch.Tensor, n_pieces: int, n_ahead: int = 0) -> torch.Tensor:
         """[1, 1, L, cached + L] (L = Lp + P*K + C*2K), the packed layout: pending rows as `_pending_mask`;
         piece rows see the cache, the whole pending prefix and their own piece, never another piece; a cross
         piece's rows see the cache, the pending prefix and its own rows of the same or the earlier block."""
@@ -158,12 +208,12 @@ class BlockCausalTarget(ModelTarget):
                               n_pieces + torch.arange(n_ahead, device=self.device).repeat_interleave(2 * k)])
         block = torch.cat([torch.zeros(n_pieces * k, dtype=torch.long, device=self.device),
                            torch.arange(2, device=self.device).repeat_interleave(k).repeat(n_ahead)])
-        n = piece_id.numel()
+        n, n_pending = piece_id.numel(), pending.numel()
         own = (piece_id[:, None] == piece_id[None, :]) & (block[None, :] <= block[:, None])
         piece_rows = torch.cat([torch.ones(n, cached + n_pending, dtype=torch.bool, device=self.device), own], dim=1)
         if n_pending == 0:
             return piece_rows[None, None]
         pending_rows = torch.cat(
-            [self._pending_mask(cached, n_pending), torch.zeros(n_pending, n, dtype=torch.bool, device=self.device)], dim=1
+            [self._pending_mask(cached, pending), torch.zeros(n_pending, n, dtype=torch.bool, device=self.device)], dim=1
         )  # [Lp, cached + L]
         return torch.cat([pending_rows, piece_rows])[None, None]

@@ -32,6 +32,7 @@ from position 0, as for the block-causal targets).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -40,7 +41,7 @@ import torch.nn.functional as F
 from transformers import AttentionInterface, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from spot.targets.base import ModelTarget
+from spot.targets.base import Call, ModelTarget, Verified
 from spot.targets.checkpoint import Checkpoint, load
 from spot.targets.memory import SAFE_FRACTION, free_bytes, layer_row_bytes
 from spot.targets.rows import row_invariant_linears
@@ -54,9 +55,9 @@ KEY_ORDERS = ("position", "frozen_first")
 
 @dataclass
 class FrozenLayout:
-    """The rows of one forward: `canvas` rows of the full canvas (at block start, else 0), then `pieces`
-    x `live` rows. frozen: [F] the canvas positions whose KV is frozen; kv: layer -> the frozen keys and
-    values [1, Hkv, F, hd], filled by the block-start forward and read by every later one."""
+    """One request's rows of a forward, from row `offset` on: `canvas` rows of the full canvas (at block start,
+    else 0), then `pieces` x `live` rows. frozen: [F] the canvas positions whose KV is frozen; kv: layer -> the
+    frozen keys and values [1, Hkv, F, hd], filled by the block-start forward and read by every later one."""
 
     canvas: int
     pieces: int
@@ -64,6 +65,27 @@ class FrozenLayout:
     frozen: torch.Tensor
     split: int  # where a piece's own keys go among the frozen ones: position order puts them after those before them
     kv: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+    offset: int = 0
+
+    @property
+    def rows(self) -> int:
+        return self.canvas + self.pieces * self.live
+
+
+@dataclass
+class FrozenCanvas:
+    """One request's stream: the committed canvas (`tokens`, [start]) of a `length`-position canvas, the active
+    block's frozen KV (`layout`, from its block-start forward on) and, with `shift`, the frozen final hidden
+    state before the block (`before`, [d])."""
+
+    tokens: torch.Tensor
+    length: int
+    layout: FrozenLayout | None = None
+    before: torch.Tensor | None = None
+
+    def commit(self, block: torch.Tensor) -> None:
+        self.tokens = torch.cat([self.tokens, block.to(self.tokens.device, torch.long)])
+        self.layout, self.before = None, None
 
 
 def frozen_attention(
@@ -73,16 +95,25 @@ def frozen_attention(
     value: torch.Tensor,
     attention_mask: torch.Tensor | None,
     scaling: float | None = None,
-    frozen_layout: FrozenLayout | None = None,
+    frozen_layout: tuple[FrozenLayout, ...] | None = None,
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
     """transformers' attention-function contract: query [1, H, R, hd], key/value [1, Hkv, R, hd] -> ([1, R, H, hd],
-    None). Canvas rows attend to the whole canvas; the rows of piece r to the frozen KV with piece r's own at
-    `split` (in position order: [prefix | piece r | suffix], as Fast-dLLM's dual cache overwrites the block's
-    slots, so that a reduced-precision sum over keys runs in the reference's order)."""
-    layout = frozen_layout
-    if layout is None:  # a plain forward: transformers' SDPA on the mask given
+    None). Each request's rows (a FrozenLayout each, in row order) attend within the request only: canvas rows
+    to its whole canvas; the rows of piece r to the frozen KV with piece r's own at `split` (in position order:
+    [prefix | piece r | suffix], as Fast-dLLM's dual cache overwrites the block's slots, so that a
+    reduced-precision sum over keys runs in the reference's order)."""
+    if frozen_layout is None:  # a plain forward: transformers' SDPA on the mask given
         return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
+    outs = []
+    for layout in frozen_layout:
+        rows = slice(layout.offset, layout.offset + layout.rows)
+        outs.append(_request_attention(module, query[:, :, rows], key[:, :, rows], value[:, :, rows], layout, scaling))
+    return torch.cat(outs, dim=2).transpose(1, 2).contiguous(), None
+
+
+def _request_attention(module, query, key, value, layout: FrozenLayout, scaling: float | None) -> torch.Tensor:
+    """One request's rows: query [1, H, R, hd], key/value [1, Hkv, R, hd] -> [1, H, R, hd]."""
     heads, dim = query.shape[1], query.shape[-1]
     kv_heads, groups = key.shape[1], heads // key.shape[1]
     c, p, n = layout.canvas, layout.pieces, layout.live
@@ -103,7 +134,7 @@ def frozen_attention(
         q = query[0, :, c:].reshape(heads, p, n, dim).transpose(0, 1)  # [P, H, n, hd]
         out = F.scaled_dot_product_attention(q, per_piece(key, frozen_k), per_piece(value, frozen_v), scale=scaling)
         outs.append(out.transpose(0, 1).reshape(1, heads, p * n, dim))  # [1, H, P*n, hd]
-    return torch.cat(outs, dim=2).transpose(1, 2).contiguous(), None
+    return torch.cat(outs, dim=2)
 
 
 AttentionInterface.register(FROZEN, frozen_attention)
@@ -141,10 +172,6 @@ class DualCacheTarget(ModelTarget):
         self.shift = shift
         self.blocks_at_prompt_end = blocks_at_prompt_end
         self.key_order = key_order
-        self._tokens = torch.empty(0, dtype=torch.long, device=self.device)  # [start]: the committed canvas
-        self._length = 0  # canvas positions
-        self._layout: FrozenLayout | None = None  # the active block's frozen KV
-        self._before: torch.Tensor | None = None  # [d] the frozen final hidden state before the block (shift)
 
     @classmethod
     def from_pretrained(
@@ -165,67 +192,77 @@ class DualCacheTarget(ModelTarget):
 
     # -- the Target protocol ----------------------------------------------------------------------
 
-    def start(self, prefix: torch.Tensor, positions: int | None = None) -> None:
+    def open(self, prefix: torch.Tensor, positions: int | None = None) -> FrozenCanvas:
         if prefix.numel() % self.block_length and not self.blocks_at_prompt_end:
             raise ValueError(f"prefix length {prefix.numel()} is not a multiple of the block length {self.block_length}")
         if positions is None or (positions - prefix.numel()) % self.block_length or positions <= prefix.numel():
             raise ValueError(f"a bidirectional target needs the request's canvas length in whole blocks after the "
                              f"{prefix.numel()}-token prefix, got positions={positions}")
-        self._tokens = prefix.to(self.device, torch.long)
-        self._length = positions
-        self._layout, self._before = None, None
-
-    def commit(self, block: torch.Tensor) -> None:
-        self._tokens = torch.cat([self._tokens, block.to(self.device, torch.long)])
-        self._layout, self._before = None, None
+        return FrozenCanvas(prefix.to(self.device, torch.long), positions)
 
     @torch.inference_mode()
-    def verify(self, pieces: torch.Tensor, start: int) -> torch.Tensor:
-        """pieces [P, K] (row 0 the current state: at block start it fills the canvas) -> [P, K, V] logits."""
+    def verify_batch(self, calls: Sequence[Call]) -> list[Verified]:
+        """Each call's pieces [P, K] (row 0 the current state: at block start it fills the canvas) -> logits [P, K, V]."""
+        ids, positions, offset = [], [], 0
+        for call in calls:
+            if call.ahead is not None:
+                raise ValueError("a bidirectional target takes no cross pieces (cross_block is off for it)")
+            layout, call_ids, call_positions = self._call_rows(call.stream, call.pieces.to(self.device), call.start)
+            layout.offset, offset = offset, offset + layout.rows
+            ids.append(call_ids)
+            positions.append(call_positions)
+        hidden = self.model.model(
+            input_ids=torch.cat(ids)[None], position_ids=torch.cat(positions)[None], attention_mask=None,
+            use_cache=False, frozen_layout=tuple(call.stream.layout for call in calls),
+        ).last_hidden_state[0]  # [sum of the calls' rows, d]
+        return self._counted([self._outputs(call.stream, call.start, hidden) for call in calls])
+
+    def _call_rows(self, stream: FrozenCanvas, pieces: torch.Tensor, start: int) -> tuple[FrozenLayout, torch.Tensor, torch.Tensor]:
+        """One call's layout (the stream's, set up at block start) and its rows' ids and positions."""
         k = pieces.shape[1]
-        if start != self._tokens.numel():
-            raise RuntimeError(f"active block starts at {start} but the committed canvas ends at {self._tokens.numel()}")
-        if start + k > self._length:
-            raise ValueError(f"block ending at position {start + k} is past the canvas ({self._length} positions)")
-        pieces = pieces.to(self.device)
-        end = start + k if self.cache == "nosuffix" else self._length  # the canvas this block sees
+        if start != stream.tokens.numel():
+            raise RuntimeError(f"active block starts at {start} but the committed canvas ends at {stream.tokens.numel()}")
+        if start + k > stream.length:
+            raise ValueError(f"block ending at position {start + k} is past the canvas ({stream.length} positions)")
+        end = start + k if self.cache == "nosuffix" else stream.length  # the canvas this block sees
         lo, hi = self._live(start, end)
         masks = torch.full((end - start - k,), self.mask_id, dtype=torch.long, device=self.device)
-        canvas = self._layout is None and self.cache != "none"  # block start: compute the KV to freeze
+        canvas = stream.layout is None and self.cache != "none"  # block start: compute the KV to freeze
         if canvas:
             live = torch.zeros(end, dtype=torch.bool, device=self.device)
             live[lo:hi] = True
             frozen = torch.nonzero(~live)[:, 0]
             split = lo if self.key_order == "position" else len(frozen)  # the frozen positions before the live rows: 0..lo-1
-            self._layout = FrozenLayout(end, 0, hi - lo, frozen, split)
-        elif self._layout is None:  # no cache: nothing is frozen
-            self._layout = FrozenLayout(0, 0, hi - lo, torch.empty(0, dtype=torch.long, device=self.device), 0)
+            stream.layout = FrozenLayout(end, 0, hi - lo, frozen, split)
+        elif stream.layout is None:  # no cache: nothing is frozen
+            stream.layout = FrozenLayout(0, 0, hi - lo, torch.empty(0, dtype=torch.long, device=self.device), 0)
         fed = pieces[1:] if canvas else pieces  # [P', K]: the pieces fed as live rows
-        rows = torch.cat([self._tokens.expand(len(fed), -1), fed, masks.expand(len(fed), -1)], dim=1)[:, lo:hi]  # [P', n]
+        rows = torch.cat([stream.tokens.expand(len(fed), -1), fed, masks.expand(len(fed), -1)], dim=1)[:, lo:hi]  # [P', n]
         ids = [rows.reshape(-1)]
         positions = [torch.arange(lo, hi, device=self.device).repeat(len(fed))]
         if canvas:
-            ids.insert(0, torch.cat([self._tokens, pieces[0], masks]))  # [L]
+            ids.insert(0, torch.cat([stream.tokens, pieces[0], masks]))  # [L]
             positions.insert(0, torch.arange(end, device=self.device))
-        self._layout.canvas = end if canvas else 0
-        self._layout.pieces = len(fed)
-        hidden = self.model.model(
-            input_ids=torch.cat(ids)[None], position_ids=torch.cat(positions)[None], attention_mask=None,
-            use_cache=False, frozen_layout=self._layout,
-        ).last_hidden_state[0]  # [C + P'*n, d]
+        stream.layout.canvas = end if canvas else 0
+        stream.layout.pieces = len(fed)
+        return stream.layout, torch.cat(ids), torch.cat(positions)
+
+    def _outputs(self, stream: FrozenCanvas, start: int, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """A call's logits [P, K, V] and hidden states [P, K, d] from the forward's hidden states."""
+        layout, k = stream.layout, self.block_length
+        lo = self._live(start, start + k)[0]  # the first live position (the canvas's end does not move it)
+        hidden = hidden[layout.offset : layout.offset + layout.rows]  # this call's rows
+        c, n = layout.canvas, layout.live
         source = torch.arange(start, start + k, device=self.device) - int(self.shift)
         source = source.clamp(min=0)  # [K]: the hidden row each block position's logits read
-        c = self._layout.canvas
-        if canvas and self.shift and start > 0 and lo == start:
-            self._before = hidden[start - 1].clone()
-        live_hidden = hidden[c:].view(len(fed), hi - lo, hidden.shape[-1])  # [P', n, d]
+        if c and self.shift and start > 0 and lo == start:
+            stream.before = hidden[start - 1].clone()
+        live_hidden = hidden[c:].view(layout.pieces, n, hidden.shape[-1])  # [P', n, d]
         own = live_hidden[:, (source - lo).clamp(min=0)]  # [P', K, d]
         if source[0] < lo:  # the row before the block is frozen
-            own[:, 0] = self._before
-        block_hidden = torch.cat([hidden[source][None], own]) if canvas else own  # [P, K, d]
-        self.hidden = block_hidden
-        logits = self.model.lm_head(block_hidden)  # [P, K, V]
-        return self._counted(logits)
+            own[:, 0] = stream.before
+        block_hidden = torch.cat([hidden[source][None], own]) if c else own  # [P, K, d]
+        return self.model.lm_head(block_hidden), block_hidden
 
     def max_pieces(self, context: int) -> int:
         """context: the canvas positions (the engine passes the request's)."""
