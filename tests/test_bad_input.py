@@ -22,7 +22,7 @@ from spot.targets.block_causal import BlockCausalTarget
 from spot_eval.checkpoints.shipped import shipped_drafter
 from spot_eval.cli import main
 from spot_eval.harness import lm
-from spot_eval.harness.settings import resolve_device
+from spot_eval.harness.settings import AUTO_CAP, parse_batch_size, resolve_batch_size, resolve_device
 from spot_eval.tracking.store import check_uri
 
 SPIFFY_GRAPH = str(shipped_drafter("spiffy", 32))
@@ -274,16 +274,21 @@ def test_a_device_this_machine_lacks_is_refused_and_auto_picks_one_it_has():
         resolve_device("device", f"cuda:{torch.cuda.device_count()}")
 
 
-@pytest.mark.parametrize("batch_size", [16, "16", "auto", "auto:4"])
-def test_a_batch_size_is_accepted_with_one_warning_that_it_changes_nothing(batch_size, no_load):
-    with pytest.warns(UserWarning, match=rf"--batch_size {batch_size}: spot decodes one request at a time") as caught, \
-            pytest.raises(AssertionError, match="the model loaded"):
+@pytest.mark.parametrize(("batch_size", "message"), [(0, "--batch_size=0: use a whole number >= 1"),
+                                                    ("x", "--batch_size='x': use a whole number >= 1 .* or auto"),
+                                                    (2.5, "--batch_size=2.5: use a whole number")])
+def test_a_bad_batch_size_is_refused_before_the_model_loads(batch_size, message, no_load):
+    with pytest.raises(ValueError, match=message):
         lm.SpotLM.create_from_arg_string("device=cpu", {"batch_size": batch_size})
-    assert len([w for w in caught if "batch_size" in str(w.message)]) == 1
 
 
-@pytest.mark.parametrize("batch_size", [None, 1, "1"])
-def test_batch_size_one_or_none_says_nothing(batch_size, no_load, recwarn):
-    with pytest.raises(AssertionError, match="the model loaded"):
-        lm.SpotLM.create_from_arg_string("device=cpu", {"batch_size": batch_size})
-    assert not [w for w in recwarn if "batch_size" in str(w.message)]
+@pytest.mark.parametrize(("batch_size", "cap", "size"), [(None, None, 1), (1, None, 1), ("16", None, 16), (16, 4, 16),
+                                                         ("auto", None, None), ("auto:4", 8, None)])
+def test_batch_sizes_parse_as_lm_eval_writes_them(batch_size, cap, size):
+    batching = parse_batch_size("--batch_size", batch_size, cap)
+    assert batching.size == size and batching.cap == (cap or AUTO_CAP if size is None else size)
+
+
+def test_auto_batching_is_one_request_on_a_cpu(target16):
+    assert resolve_batch_size(parse_batch_size("--batch_size", "auto"), target16, 256, 21) == 1
+    assert resolve_batch_size(parse_batch_size("--batch_size", "3"), target16, 256, 21) == 3

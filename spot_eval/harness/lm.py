@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import warnings
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
@@ -22,14 +21,14 @@ import torch
 from lm_eval.api.model import LM
 from tqdm import tqdm
 
-from spot import DecodeConfig, Sampling, generate
+from spot import DecodeConfig, Request, Sampling, generate, generate_batch
 from spot.targets.dual_cache import CACHES
 from spot_eval.checkpoints.shipped import EMBEDDED_TARGET
 from spot_eval.checkpoints.target import load_target, read_target, resolve_checkpoint, target_id
 from spot_eval.execution.sandbox import SandboxError, confinement
 from spot_eval.harness import settings
 from spot_eval.harness.interrupts import kept_interrupts
-from spot_eval.harness.lossless import MethodRecord
+from spot_eval.harness.lossless import MethodRecord, diverge
 from spot_eval.harness.methods import MAX_BUDGET, MethodSpec, build_drafter, drafter_file, parse_methods
 from spot_eval.harness.parallel import Ranks
 from spot_eval.harness.profile import Refitted, auto_sizing, drafter_seconds, verify_profile
@@ -123,13 +122,7 @@ class SpotLM(LM):
     def __init__(self, batch_size: int | str | None = 1, max_batch_size: int | None = None, **kwargs) -> None:
         super().__init__()
         self.args = args = SpotArgs.parse(kwargs)
-        if batch_size not in (None, 1, "1"):
-            # Accepted so that lm-eval command lines written for other models run unchanged; said once so
-            # that nobody reads a batch-N throughput into the figures.
-            warnings.warn(f"--batch_size {batch_size}: spot decodes one request at a time (batch 1) whatever the "
-                          "value; it is accepted for lm-eval compatibility and changes neither outputs nor speed",
-                          UserWarning, stacklevel=2)
-        self.batch_size = 1
+        batching = settings.parse_batch_size("--batch_size", batch_size, max_batch_size)
         # Everything that can be checked is checked before the weights load and the MLflow run opens.
         device = settings.resolve_device("device", args.device)
         check_uri("mlflow_tracking_uri", args.mlflow_tracking_uri)
@@ -168,20 +161,24 @@ class SpotLM(LM):
                                                  rule=self.config.rule)
                           for s in self.specs if not s.needs_reference}
         self._sizings, profile = self._auto_sizings()
+        pieces = max([s.budget for s in self.specs], default=0) + 1 + (2 if self.config.cross_block else 0)
+        self.batch_size = settings.resolve_batch_size(batching, self.target, self.config.gen_length, pieces)
         self._target_id = target_id(args.pretrained, path)
         # One MLflow run for the whole evaluation: rank 0's; the other ranks hand their records to it.
         tracking = TrackingConfig(self.args.mlflow_tracking_uri, self.args.mlflow_experiment)
         tracker = open_tracker(tracking if self.ranks.main else None)
         lm_eval_version = _lm_eval_version()
-        identity = identity_tags(self._target_id, args.revision, self.target, self._device, lm_eval_version)
+        identity = identity_tags(self._target_id, args.revision, self.target, self._device, lm_eval_version) | {
+            "spot_eval.batch_size": str(self.batch_size)}
         run = {"model_args": asdict(self.args), "decoder": _config_dict(self.config),
                "lm_eval_version": lm_eval_version, "target_id": self._target_id,
-               "sandbox": _sandbox(), "world_size": self.ranks.world_size, "profile": profile,
+               "sandbox": _sandbox(), "world_size": self.ranks.world_size, "profile": profile, "batch_size": self.batch_size,
                # what ran, for the reports' headers (the same as the MLflow tags, with the commit)
                "identity": {k.removeprefix("spot_eval."): v for k, v in identity.items()} | {"commit": git_commit()}}
         tracker.log_params({**_flatten({"model_args": run["model_args"], "decoder": run["decoder"],
                                         "sandbox": run["sandbox"], "profile": profile or {}}),
                             "lm_eval_version": run["lm_eval_version"], "world_size": self.ranks.world_size,
+                            "batch_size": self.batch_size,
                             **_flatten(self._fingerprints())})
         tracker.set_tags(identity)
         self.session = Session(self.args, self._fingerprints(), tracker, self.args.output_dir, run, self.ranks)
@@ -268,6 +265,7 @@ class SpotLM(LM):
         return {
             "target": self._target_id, "revision": self.args.revision, "dtype": str(self.target.model.dtype).removeprefix("torch."),
             "exact": self.args.exact, "cache": self.target.cache, "methods": [s.label for s in self.specs],
+            "batch_size": self.batch_size,
             "drafters": self._fingerprints()["drafters"], **{k: config[k] for k in sorted(config)},
         }
 
@@ -329,66 +327,81 @@ class SpotLM(LM):
         running = _Running()
         seen: Counter = Counter()
         texts: dict[int, str] = {}
-        bar = tqdm(requests, desc=f"spot rank {self.rank}" if self.world_size > 1 else "spot", unit="req", dynamic_ncols=True)
-        for req in bar:
+        bar = tqdm(total=len(requests), desc=f"spot rank {self.rank}" if self.world_size > 1 else "spot", unit="req",
+                   dynamic_ncols=True)
+        for first in range(0, len(requests), self.batch_size):
             interrupted()
-            seen[id(req)] += 1
-            if seen[id(req)] > req.repeats:
+            chunk = requests[first : first + self.batch_size]
+            fresh = []
+            for req in chunk:
+                seen[id(req)] += 1
                 # lm-eval pads a shorter rank with copies of its last request beyond that request's repeats:
                 # answered, never decoded or counted.
-                out.append(texts[id(req)])
-                continue
-            context, gen_kwargs = req.args
-            record = self._decode(req, context, dict(gen_kwargs))
-            texts[id(req)] = record.text
-            out.append(record.text)
-            self._keep(req, record)  # before the response: a cached response always has its record
-            self.cache_hook.add_partial("generate_until", req.args, record.text)
-            running.tokens += len(record.methods[0].token_ids)
-            for m in record.methods:
-                running.forwards[m.label] += m.forwards
-                running.seconds[m.label] += m.seconds
+                if seen[id(req)] <= req.repeats:
+                    fresh.append(req)
+            for req, record in zip(fresh, self._decode(fresh), strict=True):
+                texts[id(req)] = record.text
+                self._keep(req, record)  # before the response: a cached response always has its record
+                self.cache_hook.add_partial("generate_until", req.args, record.text)
+                running.tokens += len(record.methods[0].token_ids)
+                for m in record.methods:
+                    running.forwards[m.label] += m.forwards
+                    running.seconds[m.label] += m.seconds
+            out += [texts[id(req)] for req in chunk]
+            bar.update(len(chunk))
             ref_s = running.seconds["draft_free"] or 1e-9
             postfix = {"tok/s": f"{running.tokens / ref_s:.1f}"}
             for s in self.specs[:2]:
                 if running.forwards[s.label]:
                     postfix[f"{s.label} fwd×"] = f"{running.forwards['draft_free'] / running.forwards[s.label]:.2f}"
             bar.set_postfix(postfix)
+        bar.close()
         interrupted()
         return out
 
-    # -- one request -------------------------------------------------------------------------------
+    # -- a batch of requests -------------------------------------------------------------------------
 
-    def _decode(self, req, context: str, gen_kwargs: dict) -> RequestRecord:
-        key = (req.task_name, req.doc_id)
-        repeat = self._repeat[key]
-        self._repeat[key] += 1
-        request = _request_id(req.task_name, req.doc_id, repeat)
-        until = tuple(s for s in gen_kwargs.get("until") or () if s)
-        max_new = int(gen_kwargs.get("max_gen_toks") or self.config.gen_length)
-        config = replace(self.config, gen_length=max_new, stop_strings=until)
-        tokenizer = self.target.tokenizer
-        ids = tokenizer(context, add_special_tokens=False)["input_ids"]
-        decode = tokenizer.decode
-        reference = generate(self.target, ids, config, request=request, decode=decode, record=True, record_margins=True)
-        mask_id = self.target.mask_id
-        methods = [MethodRecord.of("draft_free", 0, reference, reference, config, mask_id)]
+    def _decode(self, reqs: list) -> list[RequestRecord]:
+        """Decode draft-free and by each method, all of `reqs` at once (batch_size of them), method after method.
+        At batch B > 1 draft-free decoding also runs at batch 1: a request whose batch-B tokens differ from its
+        batch-1 ones is a divergence like a method's (`RequestRecord.batch_divergence`)."""
+        tokenizer, decode, mask_id, b = self.target.tokenizer, self.target.tokenizer.decode, self.target.mask_id, self.batch_size
+        jobs = []
+        for req in reqs:
+            context, gen_kwargs = req.args
+            key = (req.task_name, req.doc_id)
+            repeat = self._repeat[key]
+            self._repeat[key] += 1
+            until = tuple(s for s in gen_kwargs.get("until") or () if s)
+            max_new = int(gen_kwargs.get("max_gen_toks") or self.config.gen_length)
+            config = replace(self.config, gen_length=max_new, stop_strings=until)
+            ids = tokenizer(context, add_special_tokens=False)["input_ids"]
+            jobs.append((req, context, repeat, _request_id(req.task_name, req.doc_id, repeat), config, ids))
+        references = generate_batch(self.target, [Request(ids, config, number=n) for _, _, _, n, config, ids in jobs], b,
+                                    decode=decode, record=True, record_margins=True)
+        methods = [[MethodRecord.of("draft_free", 0, ref, ref, job[4], mask_id)] for ref, job in zip(references, jobs, strict=True)]
         for spec in self.specs:
-            drafter = self._drafters.get(spec.label) or build_drafter(spec, self.target, config.policy, reference, config.threshold)
+            drafters = [self._drafters.get(spec.label) or build_drafter(spec, self.target, job[4].policy, ref, job[4].threshold)
+                        for ref, job in zip(references, jobs, strict=True)]
             auto = self._sizings.get(spec.label)
-            got = generate(
-                self.target, ids, spec.config(config),
-                drafter=drafter, request=request, decode=decode, record=True, sizing=auto and auto.sizing,
-            )
-            if auto:
-                auto.observe(got.stats)
-            methods.append(MethodRecord.of(spec.name, spec.budget, got, reference, config, mask_id, auto=spec.auto, lossy=spec.lossy))
-        record = RequestRecord(
-            task=req.task_name, doc_id=req.doc_id, repeat=repeat, request=request,
-            prompt_sha256=hashlib.sha256(context.encode()).hexdigest()[:16], text=reference.text, methods=methods,
-        )
-        self.session.add(record)
-        return record
+            got = generate_batch(self.target, [Request(ids, spec.config(config), drafter, n, auto and auto.sizing)
+                                               for (_, _, _, n, config, ids), drafter in zip(jobs, drafters, strict=True)],
+                                 b, decode=decode, record=True)
+            for g, ref, job, mine in zip(got, references, jobs, methods, strict=True):
+                if auto:
+                    auto.observe(g.stats)
+                mine.append(MethodRecord.of(spec.name, spec.budget, g, ref, job[4], mask_id, auto=spec.auto, lossy=spec.lossy))
+        records = []
+        for ref, (req, context, repeat, n, config, ids), mine in zip(references, jobs, methods, strict=True):
+            alone = None if b == 1 else diverge(ref, generate(self.target, ids, config, request=n, decode=decode, record=True,
+                                                              record_margins=True), config, mask_id)
+            records.append(RequestRecord(
+                task=req.task_name, doc_id=req.doc_id, repeat=repeat, request=n,
+                prompt_sha256=hashlib.sha256(context.encode()).hexdigest()[:16], text=ref.text, methods=mine,
+                batch_size=b, batch_divergence=alone,
+            ))
+            self.session.add(records[-1])
+        return records
 
     def _fingerprints(self) -> dict:
         return {"target": self.target.name, "drafters": {s.label: s.path or "shipped" for s in self.specs}}

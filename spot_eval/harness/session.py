@@ -53,6 +53,8 @@ class RequestRecord:
     text: str
     methods: list[MethodRecord]  # draft_free first, every method decoded back to back in one process
     resumed: bool = False  # decoded by an earlier process of this evaluation, read back from lm-eval's cache
+    batch_size: int = 1  # requests decoded at once (every method, draft-free included, at this size)
+    batch_divergence: Divergence | None = None  # draft-free at batch_size against draft-free alone (batch_size > 1)
 
     def to_json(self) -> str:
         return json.dumps({**asdict(self), "resumed": False})
@@ -63,24 +65,27 @@ class RequestRecord:
         raw = json.loads(text)
         methods = []
         for m in raw.pop("methods"):
-            d = m.pop("divergence")
-            if d is not None:
-                d = Divergence(**{**d, "margins": None if d["margins"] is None else Margins(**d["margins"])})
             methods.append(MethodRecord(**{**m, "token_ids": tuple(m["token_ids"]),
-                                           "accepted_lengths": tuple(m["accepted_lengths"]), "divergence": d}))
-        return cls(**{**raw, "methods": methods, "resumed": resumed})
+                                           "accepted_lengths": tuple(m["accepted_lengths"]), "divergence": _divergence(m.pop("divergence"))}))
+        batch = _divergence(raw.pop("batch_divergence", None))
+        return cls(**{**raw, "methods": methods, "resumed": resumed, "batch_divergence": batch})
 
     def rows(self) -> list[dict]:
         """One flat row per method, as written to samples.jsonl."""
         out = []
         for m in self.methods:
             row = {"task": self.task, "doc_id": self.doc_id, "repeat": self.repeat, "request": self.request,
-                   "prompt_sha256": self.prompt_sha256, "resumed": self.resumed, "label": m.label, **asdict(m)}
+                   "prompt_sha256": self.prompt_sha256, "resumed": self.resumed, "batch_size": self.batch_size,
+                   "label": m.label, **asdict(m)}
             row["tokens"] = len(m.token_ids)
             row["lossless"] = m.lossless
             row["mean_tree_size"] = m.mean_tree_size
             out.append(row)
         return out
+
+
+def _divergence(d: dict | None) -> Divergence | None:
+    return None if d is None else Divergence(**{**d, "margins": None if d["margins"] is None else Margins(**d["margins"])})
 
 
 def outcomes(samples: dict) -> list[dict]:
@@ -170,6 +175,10 @@ class Session:
         return [
             {"task": r.task, "doc_id": r.doc_id, "repeat": r.repeat, "method": m.label, **asdict(m.divergence)}
             for r in self.records for m in r.methods if m.failed
+        ] + [
+            {"task": r.task, "doc_id": r.doc_id, "repeat": r.repeat, "method": f"draft_free at batch {r.batch_size} against batch 1",
+             **asdict(r.batch_divergence)}
+            for r in self.records if r.batch_divergence is not None
         ]
 
     def flush(self) -> Path:

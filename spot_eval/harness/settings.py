@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -93,3 +94,46 @@ def check_output_dir(name: str, path: str | Path | None) -> None:
     existing = next(p for p in (path, *path.absolute().parents) if p.exists())
     if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
         raise ValueError(f"{name}={str(path)!r} cannot be created: {existing} is not a writable directory")
+
+
+# The prompt tokens `--batch_size auto` plans each request's cache for: lm-eval's few-shot prompts run to about 1k.
+AUTO_PROMPT = 1024
+AUTO_CAP = 64  # lm-eval's own --max_batch_size default
+
+
+@dataclass(frozen=True)
+class Batching:
+    """--batch_size as given: a size, or auto (size None) at most `cap`."""
+
+    size: int | None
+    cap: int
+
+
+def parse_batch_size(name: str, value: object, max_batch_size: object = None) -> Batching:
+    """A whole number >= 1, or lm-eval's auto (and its auto:N, whose N lm-eval uses to re-measure: one measure
+    here), capped by --max_batch_size."""
+    if value is None:
+        return Batching(1, 1)
+    if str(value).strip().lower().startswith("auto"):
+        cap = AUTO_CAP if max_batch_size is None else as_int("--max_batch_size", max_batch_size)
+        if cap < 1:
+            raise ValueError(f"--max_batch_size={max_batch_size!r}: use a whole number >= 1")
+        return Batching(None, cap)
+    try:
+        size = as_int(name, value)
+    except ValueError:
+        raise ValueError(f"{name}={value!r}: use a whole number >= 1 (requests decoded at once) or auto") from None
+    if size < 1:
+        raise ValueError(f"{name}={value!r}: use a whole number >= 1 (requests decoded at once) or auto")
+    return Batching(size, size)
+
+
+def resolve_batch_size(batching: Batching, target, gen_length: int, pieces: int) -> int:
+    """auto: as many requests of `pieces` pieces each (an AUTO_PROMPT-token prompt and gen_length tokens) as half the
+    free GPU memory holds (Target.max_pieces), at most the cap; 1 on a CPU, whose forward is compute-bound already
+    (docs/batching.md measures it)."""
+    if batching.size is not None:
+        return batching.size
+    if target.device.type != "cuda":
+        return 1
+    return max(1, min(batching.cap, target.max_pieces(AUTO_PROMPT + gen_length) // pieces))

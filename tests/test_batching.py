@@ -1,0 +1,197 @@
+"""Batched decoding (spot.engine.generations): B requests in one verify forward per round, continuous batching.
+
+In the exact layout a request's rows meet the very kernels they meet alone, so every request's tokens, forward
+count, finish and text equal its batch-1 decode bit for bit, whatever else shares the batch: checked here for
+batch sizes 1, 2, 3 and 8 with mixed prompt lengths and stop points, for every target family and cache mode,
+temperature, policy and drafter, and at the level of a single forward's logits in fp32 and bf16.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+import torch
+from conftest import tiny_qwen3, tiny_qwen3_moe
+from test_dual_cache import tiny_dream, tiny_llada
+from test_llada2 import tiny_llada2
+from test_lm import REPO, run_lm_eval
+from test_spiffy import calibrated
+
+from spot import DecodeConfig, Request, Sampling, generate, generate_batch, generations
+from spot.drafters import AdversarialDrafter, OracleDrafter, RandomDrafter
+from spot.drafters.order_model import OrderModel
+from spot.drafters.spiffy import SpiffyDrafter
+from spot.drafters.spot import SpotDrafter
+from spot.targets import BlockCausalTarget, DualCacheTarget
+from spot.targets.base import Call
+
+VOCAB, MASK, EOS = 64, 63, 62
+SIZES = (2, 3, 8)
+
+
+def family(name: str, dtype: torch.dtype = torch.float32):
+    """Every target family in the exact layout: SDAR (dense and MoE) and LLaDA2.0 block-causal, LLaDA under each
+    frozen-cache decoder, Dream (shifted logits)."""
+    eos = frozenset({EOS})
+    if name in ("sdar", "sdar_moe", "llada2"):
+        build = {"sdar": tiny_qwen3, "sdar_moe": tiny_qwen3_moe, "llada2": tiny_llada2}[name]
+        return BlockCausalTarget(build(seed=5).to(dtype), MASK, eos, 16, exact=True)
+    if name == "dream":
+        return DualCacheTarget(tiny_dream(seed=5, dtype=dtype), MASK, eos, 16, shift=True)
+    return DualCacheTarget(tiny_llada(seed=5, dtype=dtype), MASK, eos, 16, cache=name.removeprefix("llada_"))
+
+
+FAMILIES = ["sdar", "sdar_moe", "llada2", "llada_dual", "llada_prefix", "llada_none", "llada_nosuffix", "dream"]
+
+
+def words(ids: list[int]) -> str:
+    return " ".join(f"t{i}" for i in ids)
+
+
+def mixed(config: DecodeConfig, n: int = 8, seed: int = 0) -> list[Request]:
+    """n requests of 1 to 40 prompt tokens, each with its own generation length and, for some, a stop string:
+    they stop at different points, so the batch changes as they finish."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(n):
+        prompt = torch.randint(1, MASK - 1, (int(torch.randint(1, 41, (), generator=g)),), generator=g).tolist()
+        stop = (f"t{int(torch.randint(1, MASK - 1, (), generator=g))}",) if i % 3 == 1 else ()
+        out.append(Request(prompt, replace(config, gen_length=int(torch.randint(8, 49, (), generator=g)), stop_strings=stop),
+                           number=1000 + i))
+    return out
+
+
+def outcome(g) -> tuple:
+    return g.token_ids, g.text, g.finish_reason, g.stats.forwards, g.stats.steps, g.stats.accepted_lengths
+
+
+def same_at_every_batch_size(target, requests: list[Request]) -> list[tuple]:
+    """Each request's outcome at batch 1, checked to be the same at every batch size."""
+    alone = [outcome(generate(target, r.prompt_ids, r.config, r.drafter, r.number, decode=words)) for r in requests]
+    for size in SIZES:
+        batched = generate_batch(target, requests, size, decode=words)
+        assert [outcome(g) for g in batched] == alone, size
+    return alone
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+@pytest.mark.parametrize(("policy", "temperature"), [("single", 0.0), ("threshold", 1.0)])
+def test_draft_free_decoding_is_the_same_at_every_batch_size(name, policy, temperature):
+    target = family(name)
+    config = DecodeConfig(policy=policy, threshold=0.5, block_length=16, gen_length=32, sampling=Sampling(temperature), seed=3)
+    same_at_every_batch_size(target, mixed(config))
+
+
+@pytest.mark.parametrize(("name", "temperature"), [("sdar", 1.0), ("llada2", 0.0), ("llada_dual", 1.0), ("dream", 0.0)])
+def test_every_drafter_is_lossless_and_batch_invariant(name, temperature):
+    """Each request's drafter in its own trees (oracle, adversarial, random, untrained SPOT, Spiffy on block-causal
+    targets), its pieces verified beside the other requests': tokens and forwards as at batch 1, and as
+    draft-free's tokens."""
+    target = family(name)
+    config = DecodeConfig(policy="single", block_length=16, gen_length=32, sampling=Sampling(temperature), seed=4,
+                          cross_block=isinstance(target, BlockCausalTarget))
+    requests = mixed(replace(config, cross_block=False), n=4, seed=1)
+    references = [generate(target, r.prompt_ids, r.config, request=r.number, decode=words, record=True) for r in requests]
+    torch.manual_seed(0)
+    order = OrderModel()
+    drafters = [lambda ref: OracleDrafter(ref.trajectory), lambda ref: AdversarialDrafter(ref.trajectory, VOCAB),
+                lambda ref: RandomDrafter(VOCAB, seed=2), lambda ref: SpotDrafter(order, gate=0.9)]
+    if isinstance(target, BlockCausalTarget):
+        graph = calibrated(target, 16, "single")
+        drafters.append(lambda ref: SpiffyDrafter(graph, prune_to=3))
+    for make in drafters:
+        speculative = [replace(r, config=replace(r.config, budget=4, cross_block=config.cross_block), drafter=make(ref))
+                       for r, ref in zip(requests, references, strict=True)]
+        alone = same_at_every_batch_size(target, speculative)
+        assert [a[0] for a in alone] == [ref.token_ids for ref in references], make(references[0]).name
+
+
+def test_continuous_batching_admits_a_waiting_request_as_one_finishes():
+    """Generations come back as they finish, not in order; B requests are in flight until the queue empties."""
+    target = family("sdar")
+    requests = [Request([1, 2, 3], DecodeConfig(block_length=16, gen_length=length, stop_at_eos=False), number=i)
+                for i, length in enumerate((112, 16, 16, 16, 16))]
+    sizes, verify = [], target.verify_batch
+
+    def counted(calls):
+        sizes.append(len(calls))
+        return verify(calls)
+
+    target.verify_batch = counted
+    order = [i for i, _ in generations(target, requests, 2)]
+    assert order[-1] == 0 and sorted(order) == list(range(5))  # the long request finishes last
+    assert max(sizes) == 2 and sizes.count(2) > sizes.count(1)  # a short one's slot went to the next waiting request
+    with pytest.raises(ValueError, match="batch_size must be >= 1"):
+        generate_batch(target, requests, 0)
+
+
+def call(target, prompt: list[int], i: int) -> Call:
+    """Request i's call, its stream in a state of its own: its prefix pending (riding along with the verify), or
+    cached by an earlier verify with the next block pending; a cross piece on request 2 (block-causal targets)."""
+    k, g = target.block_length, torch.Generator().manual_seed(i)
+    prefix = torch.tensor(prompt if target.blocks_at_prompt_end else prompt[: len(prompt) // k * k])
+    stream = target.open(prefix, prefix.numel() + 3 * k)
+    start = prefix.numel()
+    if i % 2:  # a block verified and committed: its KV cached (block-causal) or the canvas frozen anew (dual cache)
+        first = torch.randint(1, MASK - 1, (k,), generator=g)
+        target.verify_batch([Call(stream, first[None], start)])
+        stream.commit(first)
+        start += k
+    pieces = torch.randint(1, MASK - 1, (3 + i, k), generator=g)
+    pieces[torch.rand(3 + i, k, generator=g) < 0.5] = MASK
+    ahead = None
+    if i == 2 and target.cross_block:
+        ahead = torch.cat([pieces[1:2], torch.full((1, k), MASK)], dim=1)  # [1, 2K]
+    return Call(stream, pieces, start, ahead)
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_a_requests_logits_in_a_batched_forward_are_its_own_forwards_bit_for_bit(name, dtype):
+    """Four requests of 16, 27, 40 and 5 prompt tokens, in different cache states, in one forward: every call's
+    logits and hidden states equal those of its forward alone, to the last bit, in bf16 too."""
+    target = family(name, dtype)
+    prompts = [list(range(1, n + 1)) for n in (16, 27, 40, 5)]
+    calls = [call(target, p, i) for i, p in enumerate(prompts)]
+    forwards = target.forwards
+    together = target.verify_batch(calls)
+    assert target.forwards == forwards + 1  # a batched forward counts once
+    for i, prompt in enumerate(prompts):
+        alone = target.verify_batch([call(target, prompt, i)])[0]
+        assert torch.equal(alone.logits, together[i].logits) and torch.equal(alone.hidden, together[i].hidden), i
+
+
+@pytest.mark.slow
+def test_lm_eval_at_batch_size_4_gives_what_batch_size_1_gives(tmp_path):
+    """The real `lm_eval --model spot --batch_size 4` against `--batch_size 1` (SPOT, SPOT-Sets and Spiffy on the
+    embedded target, exact): the same responses, forward counts per request and scores; batch 4 checked its
+    draft-free tokens against batch 1's (no batch divergence) and says its batch size in run.json and MLflow."""
+    args = "methods=spot@8+sets@8+spiffy@3,unmasking=threshold,exact=true,device=cpu,threads=1"
+    runs = {}
+    for size in (1, 4):
+        cwd = tmp_path / f"b{size}"
+        cwd.mkdir()
+        run = run_lm_eval("--model", "spot", "--model_args", f"{args},mlflow_tracking_uri=sqlite:///{cwd}/mlflow.db",
+                          "--tasks", "spot_gsm8k", "--include_path", str(REPO / "tasks"), "--limit", "4",
+                          "--gen_kwargs", "max_gen_toks=32", "--batch_size", str(size), "--output_path", str(cwd / "out"), "--log_samples", cwd=cwd)
+        assert run.returncode == 0, run.stderr[-3000:]
+        run_dir = next(cwd.glob("spot-eval-runs/*"))
+        samples = [json.loads(line) for line in (run_dir / "samples.jsonl").open()]
+        scored = json.loads(next((cwd / "out").rglob("results_*.json")).read_text())
+        logged = [json.loads(line) for line in next((cwd / "out").rglob("samples_spot_gsm8k_*.jsonl")).open()]
+        runs[size] = ({(s["doc_id"], s["label"]): (s["token_ids"], s["forwards"]) for s in samples},
+                      scored["results"]["spot_gsm8k"], sorted((s["doc_id"], s["resps"]) for s in logged),
+                      json.loads((run_dir / "run.json").read_text()), samples)
+    (one, scores_one, responses_one, _, _), (four, scores_four, responses_four, run_json, samples) = runs[1], runs[4]
+    assert len(one) == 16 and one == four  # 4 requests x (draft-free, spot@8, sets@8, spiffy@3)
+    assert responses_one == responses_four and scores_one == scores_four
+    assert all(s["lossless"] and s["batch_size"] == 4 for s in samples)
+    assert run_json["batch_size"] == 4 and run_json["identity"]["batch_size"] == "4"
+    import mlflow
+
+    client = mlflow.tracking.MlflowClient(f"sqlite:///{tmp_path}/b4/mlflow.db")
+    [parent] = [r for r in client.search_runs([e.experiment_id for e in client.search_experiments()])
+                if "mlflow.parentRunId" not in r.data.tags]
+    assert parent.data.params["batch_size"] == "4" and parent.data.tags["spot_eval.batch_size"] == "4"
