@@ -8,7 +8,9 @@
 #   3. auto_cost: what budget=auto weighs on the device (bf16, exact layout): c(P, L), the drafter's seconds per
 #      tree and the tree size the rule picks at the shipped drafter's mean reach;
 #   4. benchmark: README command 1 (four tasks at --limit 10, up to 256 new tokens, SPOT@8, SPOT@auto and Spiffy@3 against draft-free)
-#      on the device in bf16, exact layout, one line per task and method with its forward and throughput ratios.
+#      on the device in bf16, exact layout, one line per task and method with its forward and throughput ratios;
+#   5. batching: tokens/s and forwards per request at batch 1, 2, 4, 8 (bench/batching.py), draft-free, SPOT@8 and
+#      Spiffy@3, bf16 exact layout, with the requests whose tokens moved against batch 1 (0 expected).
 # --dry-run: the same on the CPU at toy sizes (CI runs it, so the script stays runnable between GPU sessions).
 # Usage: bash bench/device_check.sh [--dry-run]   (from the repository root, with the project installed)
 set -euo pipefail
@@ -17,10 +19,10 @@ PY=${PYTHON:-python}
 LM_EVAL=${LM_EVAL:-lm_eval}
 if [ "${1:-}" = "--dry-run" ]; then
   DEVICE=cpu PIECES=1+2+3 SDAR="--layers 1 --width-divisor 32" LLADA2="--layers 2 --width-divisor 32" CONTEXT=64 REPEATS=1
-  EXACTNESS="--prompts 1 --gen 32 --pieces 2 --repeats 1" LIMIT=1 MAX_GEN=32
+  EXACTNESS="--prompts 1 --gen 32 --pieces 2 --repeats 1" LIMIT=1 MAX_GEN=32 BATCHING="--prompts 2 --gen 32 --sizes 1+2 --repeats 1"
 else
   DEVICE=cuda PIECES=1+2+3+4+5+7+9+11+13+15+17+19+21 SDAR="--layers 12" LLADA2="--layers 6" CONTEXT=512 REPEATS=9
-  EXACTNESS="--prompts 8 --gen 128 --pieces 2+9+21" LIMIT=10 MAX_GEN=256
+  EXACTNESS="--prompts 8 --gen 128 --pieces 2+9+21" LIMIT=10 MAX_GEN=256 BATCHING="--prompts 8 --gen 128 --sizes 1+2+4+8 --repeats 1"
 fi
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 PYTHONUNBUFFERED=1
 echo "device_check: verify cost, embedded target" >&2
@@ -33,6 +35,8 @@ echo "device_check: exactness of the two layouts" >&2
 $PY bench/verify_exactness.py --device $DEVICE --dtype bfloat16 $EXACTNESS
 echo "device_check: budget=auto's inputs" >&2
 $PY bench/auto_cost.py --device $DEVICE --dtype bfloat16 --exact --remeasure
+echo "device_check: batched decoding" >&2
+$PY bench/batching.py --device $DEVICE --dtype bfloat16 --exact $BATCHING
 echo "device_check: the four-task benchmark" >&2
 RUN=$(mktemp -d)
 trap 'rm -rf "$RUN"' EXIT

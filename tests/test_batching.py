@@ -195,3 +195,26 @@ def test_lm_eval_at_batch_size_4_gives_what_batch_size_1_gives(tmp_path):
     [parent] = [r for r in client.search_runs([e.experiment_id for e in client.search_experiments()])
                 if "mlflow.parentRunId" not in r.data.tags]
     assert parent.data.params["batch_size"] == "4" and parent.data.tags["spot_eval.batch_size"] == "4"
+
+
+def test_a_batch_divergence_is_kept_and_ends_the_run_like_a_methods(tmp_path):
+    """Draft-free at batch N against batch 1: the record keeps the divergence through the --use_cache round trip,
+    and the run ends naming the request and the decision that flipped."""
+    from spot.policy import Margins
+    from spot_eval.harness.lm import SpotArgs
+    from spot_eval.harness.lossless import Divergence, MethodRecord
+    from spot_eval.harness.session import RequestRecord, Session
+    from spot_eval.tracking.writer import NullTracker
+
+    flipped = Divergence(2, 0, 3, "token", 0.004, Margins(position=0.5, threshold=None, token=0.004))
+    record = RequestRecord("spot_gsm8k", 3, 0, 99, "abc", "t1",
+                           [MethodRecord("draft_free", 0, (1, 2, 3), 5, 5, 1.0, 0.9, 0.0, (1,) * 5, None)],
+                           batch_size=4, batch_divergence=flipped)
+    assert RequestRecord.from_json(record.to_json()) == replace(record, resumed=True)
+    session = Session(SpotArgs(fail_on_divergence=True), {}, NullTracker(), out_dir=tmp_path / "run")
+    session.add(record)
+    with pytest.raises(SystemExit, match=r"spot_gsm8k doc 3 \(repeat 0\) draft_free at batch 4 against batch 1: first "
+                       r"divergent token 2; block 0 step 3: the token decision flipped \(margin 0.004"):
+        session.finish({"results": {}})
+    rows = [json.loads(line) for line in (tmp_path / "run" / "samples.jsonl").open()]
+    assert rows[0]["batch_size"] == 4

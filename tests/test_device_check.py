@@ -30,5 +30,8 @@ def test_the_dry_run_reports_every_figure_as_one_json_line(tmp_path):
     bench = [f for f in figures if f["bench"] == "benchmark"]
     assert {f["task"] for f in bench} == {"spot_gsm8k", "spot_math500", "spot_humaneval", "spot_mbpp"}
     assert all(f["lossless"] == 1.0 for f in bench) and {f["label"] for f in bench} == {"draft_free", "spot@8", "spot@auto", "spiffy@3"}
+    [batching] = [f for f in figures if f["bench"] == "batching"]
+    assert {(r["label"], r["batch"]) for r in batching["rows"]} == {(m, b) for m in ("draft_free", "spot@8", "spiffy@3") for b in (1, 2)}
+    assert batching["exact"] and all(r["differ_from_batch1"] == 0 and r["lossless"] == 1.0 for r in batching["rows"])
     [auto] = [f for f in figures if f["bench"] == "auto_cost"]
     assert auto["exact"] and auto["profile"]["key"]["dtype"] == "bfloat16" and auto["order_model_ms"] > 0

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ from conftest import run_cli
 from mlflow import MlflowClient
 
 from spot_eval.checkpoints.drafter import load_checkpoint, save_checkpoint
-from spot_eval.reports.nightly import NightlyError, find_baseline, load_suite
+from spot_eval.reports.nightly import NightlyError, find_baseline, lm_eval_command, load_suite
 
 REPO = Path(__file__).resolve().parents[1]
 SPOT_EVAL = str(Path(sys.executable).parent / "spot-eval")
@@ -132,3 +133,12 @@ def test_the_baseline_is_the_last_passing_nightly_of_the_same_suite(tmp_path):
         assert set(bundle.samples.temperature) == {temperature} and ids[suite] in described
     bundle, described = find_baseline(None, uri, "shared", "nightly")
     assert bundle is None and "no earlier passing nightly of suite 'nightly'" in described
+
+
+def test_a_suites_batch_size_reaches_lm_eval(tmp_path):
+    suite = replace(load_suite(None), batch_size=4)
+    command = lm_eval_command(suite, 0.0, 0, tmp_path, None)
+    assert command[command.index("--batch_size") + 1] == "4"
+    assert load_suite(None).batch_size == 1
+    with pytest.raises(NightlyError, match="batch_size must be >= 1"):
+        replace(suite, batch_size=0)

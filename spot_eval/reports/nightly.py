@@ -74,6 +74,7 @@ class Suite:
     gen_length: int
     model_args: str = ""
     num_processes: int = 1  # > 1: each lm_eval runs under `accelerate launch` on this many processes
+    batch_size: int = 1  # requests each lm_eval decodes at once (--batch_size; docs/guides/batching.md)
     trend_window: int = 14
     tolerances: Tolerances = Tolerances()
 
@@ -82,10 +83,10 @@ class Suite:
             raise NightlyError("a suite needs at least one task, temperature and seed")
         if not re.fullmatch(r"[A-Za-z0-9_.-]+", self.name):
             raise NightlyError(f"suite name {self.name!r}: use letters, digits, '_', '.' and '-' (it tags the MLflow runs)")
-        if min(self.limit, self.gen_length, self.trend_window, self.num_processes) < 1:
+        if min(self.limit, self.gen_length, self.trend_window, self.num_processes, self.batch_size) < 1:
             raise NightlyError(
-                f"limit, gen_length, trend_window and num_processes must be >= 1 "
-                f"(got {self.limit}, {self.gen_length}, {self.trend_window}, {self.num_processes})"
+                f"limit, gen_length, trend_window, num_processes and batch_size must be >= 1 (got {self.limit}, "
+                f"{self.gen_length}, {self.trend_window}, {self.num_processes}, {self.batch_size})"
             )
 
 
@@ -144,7 +145,7 @@ def lm_eval_command(suite: Suite, temperature: float, seed: int, run_dir: Path, 
         "--include_path", suite.include_path, "--apply_chat_template", "--confirm_run_unsafe_code",
         "--limit", str(suite.limit), "--log_samples", "--output_path", str(run_dir / "lm_eval"),
         # A task's max_gen_toks wins over the model's gen_length (lm-eval's rule): the suite's length caps every task.
-        "--gen_kwargs", f"max_gen_toks={suite.gen_length}",
+        "--gen_kwargs", f"max_gen_toks={suite.gen_length}", "--batch_size", str(suite.batch_size),
     ]
 
 

@@ -31,8 +31,8 @@ class Report:
 
 
 IDENTITY = (("target", "target"), ("revision", "revision"), ("dtype", "dtype"), ("device", "device"), ("gpu", "GPU"),
-            ("torch", "torch"), ("transformers", "transformers"), ("lm_eval", "lm-eval"), ("commit", "commit"),
-            ("peak_memory_mb", "peak memory (MB)"))
+            ("batch_size", "batch size"), ("torch", "torch"), ("transformers", "transformers"), ("lm_eval", "lm-eval"),
+            ("commit", "commit"), ("peak_memory_mb", "peak memory (MB)"))
 STATUS = {"PASS": "pass", "FAIL": "fail", "n/a": "na"}  # verdict words and their colour classes
 
 
