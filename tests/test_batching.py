@@ -22,6 +22,7 @@ from test_spiffy import calibrated
 from spot import DecodeConfig, Request, Sampling, generate, generate_batch, generations
 from spot.drafters import AdversarialDrafter, OracleDrafter, RandomDrafter
 from spot.drafters.order_model import OrderModel
+from spot.drafters.sets import SetsDrafter, StaleSets
 from spot.drafters.spiffy import SpiffyDrafter
 from spot.drafters.spot import SpotDrafter
 from spot.targets import BlockCausalTarget, DualCacheTarget
@@ -86,9 +87,9 @@ def test_draft_free_decoding_is_the_same_at_every_batch_size(name, policy, tempe
 
 @pytest.mark.parametrize(("name", "temperature"), [("sdar", 1.0), ("llada2", 0.0), ("llada_dual", 1.0), ("dream", 0.0)])
 def test_every_drafter_is_lossless_and_batch_invariant(name, temperature):
-    """Each request's drafter in its own trees (oracle, adversarial, random, untrained SPOT, Spiffy on block-causal
-    targets), its pieces verified beside the other requests': tokens and forwards as at batch 1, and as
-    draft-free's tokens."""
+    """Each request's drafter in its own trees (oracle, adversarial, random, untrained SPOT, Spiffy), its pieces
+    verified beside the other requests' (with cross-block pieces on block-causal targets): tokens and forwards as
+    at batch 1, and as draft-free's tokens."""
     target = family(name)
     config = DecodeConfig(policy="single", block_length=16, gen_length=32, sampling=Sampling(temperature), seed=4,
                           cross_block=isinstance(target, BlockCausalTarget))
@@ -98,7 +99,7 @@ def test_every_drafter_is_lossless_and_batch_invariant(name, temperature):
     order = OrderModel()
     drafters = [lambda ref: OracleDrafter(ref.trajectory), lambda ref: AdversarialDrafter(ref.trajectory, VOCAB),
                 lambda ref: RandomDrafter(VOCAB, seed=2), lambda ref: SpotDrafter(order, gate=0.9)]
-    if isinstance(target, BlockCausalTarget):
+    if name == "sdar":  # Spiffy's graph calibrated on this target (test_spiffy covers the other families at batch 1)
         graph = calibrated(target, 16, "single")
         drafters.append(lambda ref: SpiffyDrafter(graph, prune_to=3))
     for make in drafters:
@@ -106,6 +107,18 @@ def test_every_drafter_is_lossless_and_batch_invariant(name, temperature):
                        for r, ref in zip(requests, references, strict=True)]
         alone = same_at_every_batch_size(target, speculative)
         assert [a[0] for a in alone] == [ref.token_ids for ref in references], make(references[0]).name
+
+
+@pytest.mark.parametrize("name", ["sdar", "llada_dual"])
+def test_spot_sets_is_lossless_and_batch_invariant_under_threshold_decoding(name):
+    """SPOT-Sets' trees (a stale-confidence set predictor) under threshold decoding at T = 1."""
+    target = family(name)
+    config = DecodeConfig(policy="threshold", threshold=0.5, block_length=16, gen_length=32, sampling=Sampling(1.0), seed=6)
+    requests = mixed(config, n=4, seed=2)
+    references = [generate(target, r.prompt_ids, r.config, request=r.number, decode=words).token_ids for r in requests]
+    sets = SetsDrafter(StaleSets(((1.0, 0.0, 0.0), (0.8, 0.1, -0.5))))
+    alone = same_at_every_batch_size(target, [replace(r, config=replace(r.config, budget=6), drafter=sets) for r in requests])
+    assert [a[0] for a in alone] == references
 
 
 def test_continuous_batching_admits_a_waiting_request_as_one_finishes():

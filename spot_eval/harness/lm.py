@@ -111,6 +111,9 @@ class SpotArgs:
         )
 
 
+WINDOW = 8  # requests per batch slot decoded before their records are kept (batch size > 1)
+
+
 @dataclass
 class _Running:
     forwards: Counter = field(default_factory=Counter)
@@ -329,9 +332,12 @@ class SpotLM(LM):
         texts: dict[int, str] = {}
         bar = tqdm(total=len(requests), desc=f"spot rank {self.rank}" if self.world_size > 1 else "spot", unit="req",
                    dynamic_ncols=True)
-        for first in range(0, len(requests), self.batch_size):
+        # At batch B > 1 a window of WINDOW * B requests decodes per method with continuous batching, so that a long
+        # answer holds no slot idle for long; an interruption loses at most the window in flight (one request at B = 1).
+        window = self.batch_size * (WINDOW if self.batch_size > 1 else 1)
+        for first in range(0, len(requests), window):
             interrupted()
-            chunk = requests[first : first + self.batch_size]
+            chunk = requests[first : first + window]
             fresh = []
             for req in chunk:
                 seen[id(req)] += 1
@@ -362,7 +368,7 @@ class SpotLM(LM):
     # -- a batch of requests -------------------------------------------------------------------------
 
     def _decode(self, reqs: list) -> list[RequestRecord]:
-        """Decode draft-free and by each method, all of `reqs` at once (batch_size of them), method after method.
+        """Decode draft-free and by each method, `reqs` batch_size at a time (continuous batching), method after method.
         At batch B > 1 draft-free decoding also runs at batch 1: a request whose batch-B tokens differ from its
         batch-1 ones is a divergence like a method's (`RequestRecord.batch_divergence`)."""
         tokenizer, decode, mask_id, b = self.target.tokenizer, self.target.tokenizer.decode, self.target.mask_id, self.batch_size
