@@ -289,6 +289,17 @@ def test_batch_sizes_parse_as_lm_eval_writes_them(batch_size, cap, size):
     assert batching.size == size and batching.cap == (cap or AUTO_CAP if size is None else size)
 
 
-def test_auto_batching_is_one_request_on_a_cpu(target16):
+def test_auto_batching_is_one_request_on_a_cpu_and_what_free_gpu_memory_holds_on_a_gpu(target16):
     assert resolve_batch_size(parse_batch_size("--batch_size", "auto"), target16, 256, 21) == 1
     assert resolve_batch_size(parse_batch_size("--batch_size", "3"), target16, 256, 21) == 3
+
+    class OnAGpu:
+        device = torch.device("cuda", 0)
+
+        def max_pieces(self, context: int) -> int:
+            return 10_000 // context  # pieces of this context's requests that fit
+
+    gpu = OnAGpu()
+    assert resolve_batch_size(parse_batch_size("--batch_size", "auto"), gpu, 256, 2) == 3  # 7 pieces fit at 1280 positions
+    assert resolve_batch_size(parse_batch_size("--batch_size", "auto:4", 2), gpu, 256, 1) == 2  # --max_batch_size caps it
+    assert resolve_batch_size(parse_batch_size("--batch_size", "auto"), gpu, 256, 21) == 1  # never below one request

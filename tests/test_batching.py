@@ -13,7 +13,7 @@ from dataclasses import replace
 
 import pytest
 import torch
-from conftest import tiny_qwen3, tiny_qwen3_moe
+from conftest import tiny_qwen3, tiny_qwen3_moe, write_checkpoint
 from test_dual_cache import tiny_dream, tiny_llada
 from test_llada2 import tiny_llada2
 from test_lm import REPO, run_lm_eval
@@ -231,3 +231,25 @@ def test_a_batch_divergence_is_kept_and_ends_the_run_like_a_methods(tmp_path):
         session.finish({"results": {}})
     rows = [json.loads(line) for line in (tmp_path / "run" / "samples.jsonl").open()]
     assert rows[0]["batch_size"] == 4
+
+
+def test_the_lm_eval_model_decodes_the_same_records_at_any_batch_size(tmp_path, monkeypatch):
+    """SpotLM.generate_until at batch 3 and 1 (draft-free, the oracle built from each request's reference, random
+    trees, T = 1): the same texts, tokens and forwards per request and method, each repeat its own draw, lm-eval's
+    padding copy answered and not recorded, and no batch divergence."""
+    from test_lm import make_lm, request
+
+    monkeypatch.chdir(tmp_path)
+    reqs = [request(" ".join(f"t{i}" for i in range(1, 2 + 3 * n)), n, until=("t9",)) for n in range(5)]
+    # lm-eval lists an Instance once per repeat (request() makes 2), and pads a shorter rank with copies beyond them
+    reqs += [reqs[-1], reqs[-1]]
+    runs = {}
+    for size in (1, 3):
+        lm = make_lm(str(write_checkpoint(tmp_path / f"ckpt{size}")), temperature=1.0, batch_size=size)
+        texts = lm.generate_until(reqs)
+        runs[size] = texts, [(r.doc_id, [(m.label, m.token_ids, m.forwards) for m in r.methods], r.batch_size, r.batch_divergence)
+                             for r in lm.session.records]
+    (texts_one, records_one), (texts_three, records_three) = runs[1], runs[3]
+    assert texts_one == texts_three and len(texts_three) == 7 and texts_three[-1] == texts_three[-2] != texts_three[-3]
+    assert [r[:2] for r in records_one] == [r[:2] for r in records_three] and len(records_three) == 6
+    assert all(size == 3 and divergence is None for _, _, size, divergence in records_three)

@@ -97,7 +97,7 @@ class Target(Protocol):
         """
 
     def commit(self, block: torch.Tensor) -> None:
-        """Append a finished block [K] to the own stream's cache (may be folded into the next forward)."""
+        """Append a finished block [K] to the cache of the target's own stream (may be folded into the next forward)."""
 
     def embeddings(self) -> torch.Tensor:
         """[V, d] the token-embedding matrix (what a drafter may project the tokens it reads on)."""

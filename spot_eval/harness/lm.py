@@ -338,22 +338,26 @@ class SpotLM(LM):
         for first in range(0, len(requests), window):
             interrupted()
             chunk = requests[first : first + window]
-            fresh = []
+            fresh = []  # lm-eval repeats an Instance `repeats` times in the list: each occurrence is decoded
             for req in chunk:
                 seen[id(req)] += 1
                 # lm-eval pads a shorter rank with copies of its last request beyond that request's repeats:
                 # answered, never decoded or counted.
-                if seen[id(req)] <= req.repeats:
-                    fresh.append(req)
-            for req, record in zip(fresh, self._decode(fresh), strict=True):
+                fresh.append(seen[id(req)] <= req.repeats)
+            decoded = iter(self._decode([req for req, new in zip(chunk, fresh, strict=True) if new]))
+            for req, new in zip(chunk, fresh, strict=True):
+                if not new:  # a padding copy: its request's text (the copies come after every repeat of it)
+                    out.append(texts[id(req)])
+                    continue
+                record = next(decoded)
                 texts[id(req)] = record.text
+                out.append(record.text)
                 self._keep(req, record)  # before the response: a cached response always has its record
                 self.cache_hook.add_partial("generate_until", req.args, record.text)
                 running.tokens += len(record.methods[0].token_ids)
                 for m in record.methods:
                     running.forwards[m.label] += m.forwards
                     running.seconds[m.label] += m.seconds
-            out += [texts[id(req)] for req in chunk]
             bar.update(len(chunk))
             ref_s = running.seconds["draft_free"] or 1e-9
             postfix = {"tok/s": f"{running.tokens / ref_s:.1f}"}
