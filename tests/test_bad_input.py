@@ -303,3 +303,6 @@ def test_auto_batching_is_one_request_on_a_cpu_and_what_free_gpu_memory_holds_on
     assert resolve_batch_size(parse_batch_size("--batch_size", "auto"), gpu, 256, 2) == 3  # 7 pieces fit at 1280 positions
     assert resolve_batch_size(parse_batch_size("--batch_size", "auto:4", 2), gpu, 256, 1) == 2  # --max_batch_size caps it
     assert resolve_batch_size(parse_batch_size("--batch_size", "auto"), gpu, 256, 21) == 1  # never below one request
+    with pytest.warns(UserWarning, match="--batch_size 4: 4 requests of up to 2 pieces need about 8 pieces in one "
+                      "forward; the free GPU memory holds about 7"):
+        assert resolve_batch_size(parse_batch_size("--batch_size", "4"), gpu, 256, 2) == 4

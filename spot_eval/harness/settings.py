@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -131,9 +132,15 @@ def parse_batch_size(name: str, value: object, max_batch_size: object = None) ->
 def resolve_batch_size(batching: Batching, target, gen_length: int, pieces: int) -> int:
     """auto: as many requests of `pieces` pieces each (an AUTO_PROMPT-token prompt and gen_length tokens) as half the
     free GPU memory holds (Target.max_pieces), at most the cap; 1 on a CPU, whose forward is compute-bound already
-    (docs/batching.md measures it)."""
-    if batching.size is not None:
-        return batching.size
+    (docs/guides/batching.md). A size given on a GPU that the same estimate says will not fit is warned about."""
     if target.device.type != "cuda":
-        return 1
-    return max(1, min(batching.cap, target.max_pieces(AUTO_PROMPT + gen_length) // pieces))
+        return 1 if batching.size is None else batching.size
+    room = target.max_pieces(AUTO_PROMPT + gen_length)
+    if batching.size is None:
+        return max(1, min(batching.cap, room // pieces))
+    if batching.size * pieces > room:  # an estimate on the safe side: said, not refused
+        warnings.warn(f"--batch_size {batching.size}: {batching.size} requests of up to {pieces} pieces need about "
+                      f"{batching.size * pieces} pieces in one forward; the free GPU memory holds about {room} for "
+                      f"{AUTO_PROMPT}-token prompts. If the run runs out of memory, lower it or use --batch_size auto",
+                      UserWarning, stacklevel=2)
+    return batching.size
