@@ -114,6 +114,18 @@ class SpotArgs:
 WINDOW = 8  # requests per batch slot decoded before their records are kept (batch size > 1)
 
 
+@dataclass(frozen=True)
+class _Job:
+    """One lm-eval request as decoded: its prompt, repeat, noise key and decoder settings."""
+
+    req: object  # lm-eval's Instance
+    context: str
+    repeat: int
+    number: int  # the noise key's request number (_request_id)
+    config: DecodeConfig  # with the request's max_gen_toks and until
+    ids: list[int]
+
+
 @dataclass
 class _Running:
     forwards: Counter = field(default_factory=Counter)
@@ -384,30 +396,29 @@ class SpotLM(LM):
             self._repeat[key] += 1
             until = tuple(s for s in gen_kwargs.get("until") or () if s)
             max_new = int(gen_kwargs.get("max_gen_toks") or self.config.gen_length)
-            config = replace(self.config, gen_length=max_new, stop_strings=until)
-            ids = tokenizer(context, add_special_tokens=False)["input_ids"]
-            jobs.append((req, context, repeat, _request_id(req.task_name, req.doc_id, repeat), config, ids))
-        references = generate_batch(self.target, [Request(ids, config, number=n) for _, _, _, n, config, ids in jobs], b,
-                                    decode=decode, record=True, record_margins=True)
-        methods = [[MethodRecord.of("draft_free", 0, ref, ref, job[4], mask_id)] for ref, job in zip(references, jobs, strict=True)]
+            jobs.append(_Job(req, context, repeat, _request_id(req.task_name, req.doc_id, repeat),
+                             replace(self.config, gen_length=max_new, stop_strings=until),
+                             tokenizer(context, add_special_tokens=False)["input_ids"]))
+        references = generate_batch(self.target, [Request(j.ids, j.config, number=j.number) for j in jobs], b, decode=decode,
+                                    record=True, record_margins=True)
+        methods = [[MethodRecord.of("draft_free", 0, ref, ref, j.config, mask_id)] for ref, j in zip(references, jobs, strict=True)]
         for spec in self.specs:
-            drafters = [self._drafters.get(spec.label) or build_drafter(spec, self.target, job[4].policy, ref, job[4].threshold)
-                        for ref, job in zip(references, jobs, strict=True)]
             auto = self._sizings.get(spec.label)
-            got = generate_batch(self.target, [Request(ids, spec.config(config), drafter, n, auto and auto.sizing)
-                                               for (_, _, _, n, config, ids), drafter in zip(jobs, drafters, strict=True)],
-                                 b, decode=decode, record=True)
-            for g, ref, job, mine in zip(got, references, jobs, methods, strict=True):
+            requests = [Request(j.ids, spec.config(j.config), self._drafters.get(spec.label)
+                                or build_drafter(spec, self.target, j.config.policy, ref, j.config.threshold), j.number, auto and auto.sizing)
+                        for ref, j in zip(references, jobs, strict=True)]
+            for got, ref, j, mine in zip(generate_batch(self.target, requests, b, decode=decode, record=True), references, jobs,
+                                         methods, strict=True):
                 if auto:
-                    auto.observe(g.stats)
-                mine.append(MethodRecord.of(spec.name, spec.budget, g, ref, job[4], mask_id, auto=spec.auto, lossy=spec.lossy))
+                    auto.observe(got.stats)
+                mine.append(MethodRecord.of(spec.name, spec.budget, got, ref, j.config, mask_id, auto=spec.auto, lossy=spec.lossy))
         records = []
-        for ref, (req, context, repeat, n, config, ids), mine in zip(references, jobs, methods, strict=True):
-            alone = None if b == 1 else diverge(ref, generate(self.target, ids, config, request=n, decode=decode, record=True,
-                                                              record_margins=True), config, mask_id)
+        for ref, j, mine in zip(references, jobs, methods, strict=True):
+            alone = None if b == 1 else diverge(ref, generate(self.target, j.ids, j.config, request=j.number, decode=decode,
+                                                              record=True, record_margins=True), j.config, mask_id)
             records.append(RequestRecord(
-                task=req.task_name, doc_id=req.doc_id, repeat=repeat, request=n,
-                prompt_sha256=hashlib.sha256(context.encode()).hexdigest()[:16], text=ref.text, methods=mine,
+                task=j.req.task_name, doc_id=j.req.doc_id, repeat=j.repeat, request=j.number,
+                prompt_sha256=hashlib.sha256(j.context.encode()).hexdigest()[:16], text=ref.text, methods=mine,
                 batch_size=b, batch_divergence=alone,
             ))
             self.session.add(records[-1])
