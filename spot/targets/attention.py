@@ -10,8 +10,7 @@ Here every query attends to exactly the keys it may see, with nothing masked bes
 rows of piece r to [cache | pending prefix | piece r], all P pieces in one batched call; the
 pending rows to [cache | pending] under their block-causal mask. Several requests share a forward
 as consecutive runs of rows, each with its own cache: a request's attention is the very call it
-makes alone. Each piece thus runs the very
-computation a one-piece forward of its state runs. The rest of the network treats every token
+makes alone. Each piece thus runs the very computation a one-piece forward of its state runs. The rest of the network treats every token
 row alike, provided a linear layer's output row does not depend on how many rows the matrix has:
 CPU kernels do not promise it (oneDNN's AMX bf16 kernels split the reduction by row count), so in
 this layout every linear layer and every MoE expert runs on fixed-size row chunks
@@ -20,8 +19,8 @@ this layout every linear layer and every MoE expert runs on fixed-size row chunk
 
 The layout reaches the attention as a keyword argument of the model's forward (`piece_layout=`, a
 PieceLayout per request, which transformers hands every attention call; the model runs without a
-cache of its own, and each layer appends a request's keys and values to that request's cache), and `piece_attention` is registered with
-transformers as the attention implementation `PIECES`. Without a layout it is transformers' SDPA
+cache of its own, and each layer appends a request's keys and values to that request's cache), and
+`piece_attention` is registered with transformers as the attention implementation `PIECES`. Without a layout it is transformers' SDPA
 attention on the mask it is given, so one model serves an exact and a packed target alike.
 """
 

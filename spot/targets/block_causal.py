@@ -21,7 +21,7 @@ move by rounding with the piece count (bench/verify_exactness.py).
 Several requests in one forward (`verify_batch`) always take the per-piece layout: each request's rows
 attend to its own cache. Exact, a request's logits are then those of its forward alone bit for bit; in the
 packed layout they are not even alone, and the linear layers' rounding may also move with the rows beside
-them (docs/batching.md).
+them (docs/guides/batching.md).
 """
 
 from __future__ import annotations
@@ -150,7 +150,7 @@ class BlockCausalTarget(ModelTarget):
 
     def _packed(self, stream: PrefixCache, rows: _Rows) -> tuple[torch.Tensor, torch.Tensor]:
         """One request in one sequence under a 4D mask, its cache the model's (the module docstring)."""
-        mask = self._mask(rows.cached, stream.pending, rows.pieces, rows.ahead)  # [1, 1, L, cached + L]
+        mask = self._mask(rows.cached, rows.pending, rows.pieces, rows.ahead)  # [1, 1, L, cached + L]
         hidden = self.model.model(
             input_ids=rows.ids[None], position_ids=rows.positions[None], cache=stream.cache, use_cache=True, attention_mask=mask,
         ).last_hidden_state[0, rows.pending :]  # [P*K + C*2K, d]
@@ -160,7 +160,7 @@ class BlockCausalTarget(ModelTarget):
         """Every request's rows one after another, each attending to its own cache (spot.targets.attention)."""
         layouts, offset = [], 0
         for call, r in zip(calls, rows, strict=True):
-            mask = self._pending_mask(r.cached, call.stream.pending)
+            mask = self._pending_mask(r.cached, r.pending)
             layouts.append(PieceLayout(offset, r.cached, r.pending, r.pieces, self.block_length, mask, call.stream.cache, r.ahead))
             offset += r.ids.numel()
         hidden = self.model.model(
@@ -189,16 +189,15 @@ class BlockCausalTarget(ModelTarget):
         )
         return int(SAFE_FRACTION * free_bytes(self.device) // (self.block_length * per_position))
 
-    def _pending_mask(self, cached: int, pending: torch.Tensor) -> torch.Tensor | None:
+    def _pending_mask(self, cached: int, n_pending: int) -> torch.Tensor | None:
         """[Lp, cached + Lp]: a pending row sees the cache and the pending rows of its own or an earlier block."""
-        n_pending = pending.numel()
         if n_pending == 0:
             return None
         block = torch.arange(cached, cached + n_pending, device=self.device) // self.block_length  # [Lp]
         cache_visible = torch.ones(n_pending, cached, dtype=torch.bool, device=self.device)
         return torch.cat([cache_visible, block[None, :] <= block[:, None]], dim=1)
 
-    def _mask(self, cached: int, pending: torch.Tensor, n_pieces: int, n_ahead: int = 0) -> torch.Tensor:
+    def _mask(self, cached: int, n_pending: int, n_pieces: int, n_ahead: int = 0) -> torch.Tensor:
         """[1, 1, L, cached + L] (L = Lp + P*K + C*2K), the packed layout: pending rows as `_pending_mask`;
         piece rows see the cache, the whole pending prefix and their own piece, never another piece; a cross
         piece's rows see the cache, the pending prefix and its own rows of the same or the earlier block."""
@@ -208,12 +207,12 @@ class BlockCausalTarget(ModelTarget):
                               n_pieces + torch.arange(n_ahead, device=self.device).repeat_interleave(2 * k)])
         block = torch.cat([torch.zeros(n_pieces * k, dtype=torch.long, device=self.device),
                            torch.arange(2, device=self.device).repeat_interleave(k).repeat(n_ahead)])
-        n, n_pending = piece_id.numel(), pending.numel()
+        n = piece_id.numel()
         own = (piece_id[:, None] == piece_id[None, :]) & (block[None, :] <= block[:, None])
         piece_rows = torch.cat([torch.ones(n, cached + n_pending, dtype=torch.bool, device=self.device), own], dim=1)
         if n_pending == 0:
             return piece_rows[None, None]
         pending_rows = torch.cat(
-            [self._pending_mask(cached, pending), torch.zeros(n_pending, n, dtype=torch.bool, device=self.device)], dim=1
+            [self._pending_mask(cached, n_pending), torch.zeros(n_pending, n, dtype=torch.bool, device=self.device)], dim=1
         )  # [Lp, cached + L]
         return torch.cat([pending_rows, piece_rows])[None, None]

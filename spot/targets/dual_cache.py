@@ -203,17 +203,18 @@ class DualCacheTarget(ModelTarget):
     @torch.inference_mode()
     def verify_batch(self, calls: Sequence[Call]) -> list[Verified]:
         """Each call's pieces [P, K] (row 0 the current state: at block start it fills the canvas) -> logits [P, K, V]."""
-        ids, positions, offset = [], [], 0
+        layouts, ids, positions, offset = [], [], [], 0
         for call in calls:
             if call.ahead is not None:
                 raise ValueError("a bidirectional target takes no cross pieces (cross_block is off for it)")
             layout, call_ids, call_positions = self._call_rows(call.stream, call.pieces.to(self.device), call.start)
             layout.offset, offset = offset, offset + layout.rows
+            layouts.append(layout)
             ids.append(call_ids)
             positions.append(call_positions)
         hidden = self.model.model(
             input_ids=torch.cat(ids)[None], position_ids=torch.cat(positions)[None], attention_mask=None,
-            use_cache=False, frozen_layout=tuple(call.stream.layout for call in calls),
+            use_cache=False, frozen_layout=tuple(layouts),
         ).last_hidden_state[0]  # [sum of the calls' rows, d]
         return self._counted([self._outputs(call.stream, call.start, hidden) for call in calls])
 
