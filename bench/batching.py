@@ -10,6 +10,8 @@ times, and each figure is the median over the repeats:
                         own decode is unchanged)
   forwards_per_round    target forwards of the run / requests: what B requests sharing a forward save
   over_draft_free       the method's tokens_per_second / draft-free's at the same B
+  drafting_share        the run's seconds in the drafter's calls / its wall seconds (a round drafts every
+                        request's tree in one `draft_batch` call: SPOT's order model scores all the roots at once)
   differ_from_batch1    requests whose tokens differ from the same method's batch-1 tokens (0 in the exact
                         layout; in the packed one, a near tie in bf16 can flip), with the smallest decision margin
   path_from_batch1      requests whose tokens are the same but whose steps per forward are not: a flipped
@@ -36,6 +38,7 @@ import torch
 from speedup import prompts_for
 
 from spot import DecodeConfig, Request, generate_batch
+from spot.drafters.base import draft_all
 from spot_eval.checkpoints.shipped import EMBEDDED_TARGET
 from spot_eval.checkpoints.target import encode_prompt, load_target
 from spot_eval.harness.lossless import diverge
@@ -69,13 +72,15 @@ def main() -> None:
     methods = {"draft_free": (config, None)}
     for spec in parse_methods(args.methods, ""):
         methods[spec.label] = (spec.config(replace(config, budget=spec.budget)),
-                               build_drafter(spec, target, config.policy, threshold=config.threshold))
+                               _Timed(build_drafter(spec, target, config.policy, threshold=config.threshold)))
     rows, alone = [], {}
     for repeat in range(args.repeats):
         for size in sizes if repeat % 2 == 0 else sizes[::-1]:  # rotate: drift in machine state spreads evenly
             for label, (method_config, drafter) in methods.items():
                 requests = [Request(p, method_config, drafter, i) for i, p in enumerate(prompts)]
                 forwards = target.forwards
+                if drafter is not None:
+                    drafter.seconds = 0.0
                 t = time.perf_counter()
                 got = generate_batch(target, requests, size, record=True, record_margins=True)
                 seconds = time.perf_counter() - t
@@ -91,6 +96,7 @@ def main() -> None:
                     "tokens_per_second": sum(len(g.token_ids) for g in got) / seconds,
                     "forwards_per_request": statistics.fmean(g.stats.forwards for g in got),
                     "forwards_per_round": (target.forwards - forwards) / len(got),
+                    "drafting_share": 0.0 if drafter is None else drafter.seconds / seconds,
                     "differ_from_batch1": len(flips), "path_from_batch1": paths,
                     "smallest_margin": min((d.margin for d in flips if d.margin is not None), default=None),
                     "lossless": statistics.fmean(g.token_ids == r.token_ids for g, r in zip(got, references, strict=True)),
@@ -98,7 +104,7 @@ def main() -> None:
     frame = pd.DataFrame(rows)
     medians = frame.groupby(["label", "batch"], sort=False).agg(
         tokens_per_second=("tokens_per_second", "median"), forwards_per_request=("forwards_per_request", "median"),
-        forwards_per_round=("forwards_per_round", "median"), differ_from_batch1=("differ_from_batch1", "max"),
+        forwards_per_round=("forwards_per_round", "median"), drafting_share=("drafting_share", "median"), differ_from_batch1=("differ_from_batch1", "max"),
         path_from_batch1=("path_from_batch1", "max"),
         smallest_margin=("smallest_margin", "min"), lossless=("lossless", "min")).reset_index()
     one = medians[medians.batch == sizes[0]].set_index("label").tokens_per_second
@@ -111,6 +117,23 @@ def main() -> None:
         "dtype": args.dtype, "exact": args.exact, "device": args.device, "repeats": args.repeats,
         "rows": json.loads(medians.to_json(orient="records")),
     }))
+
+
+class _Timed:
+    """A drafter whose batched calls add their seconds to `seconds`."""
+
+    def __init__(self, drafter) -> None:
+        self.drafter, self.name, self.seconds = drafter, drafter.name, 0.0
+        self.modes = getattr(drafter, "modes", {})
+
+    def draft(self, ctx):
+        return self.draft_batch([ctx])[0]
+
+    def draft_batch(self, ctxs):
+        t = time.perf_counter()
+        trees = draft_all(self.drafter, ctxs)
+        self.seconds += time.perf_counter() - t
+        return trees
 
 
 if __name__ == "__main__":

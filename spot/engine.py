@@ -3,11 +3,12 @@
 Budget 0 *is* the draft-free decoder: the tree is the root alone, the walk takes the one step the
 root's logits give, and nothing else changes. Every method therefore runs this one loop.
 
-Batching: a request's decoding is a generator that yields each verify it needs (`Call`) and resumes with
-its outputs; `generations` runs up to B of them at once, every round one `Target.verify_batch` forward over
-all their calls, and admits the next waiting request as soon as one finishes (continuous batching). What a
-request decodes depends on its own inputs only (bit for bit in the exact layout), so `generate`, one
-request, is batching at B = 1.
+Batching: a request's decoding is a generator that yields each tree it needs drafted (`_Draft`) and each
+verify it needs (`Call`), and resumes with their outputs; `generations` runs up to B of them at once, every
+round one `draft_batch` call per drafter over all the requests drafting and one `Target.verify_batch`
+forward over all their calls, and admits the next waiting request as soon as one finishes (continuous
+batching). What a request decodes depends on its own inputs only (bit for bit in the exact layout; the
+drafters' models are row-invariant), so `generate`, one request, is batching at B = 1.
 
 Glossary (see also spot.policy):
     node           a candidate block state in the draft tree; node 0 is the current state.
@@ -33,7 +34,7 @@ import torch
 
 from spot.acceptance import max_commit
 from spot.config import DecodeConfig
-from spot.drafters.base import DraftContext, Drafter
+from spot.drafters.base import DraftContext, Drafter, draft_all
 from spot.noise import gumbel, step_key
 from spot.policy import Proposal, decide, topk_logprobs
 from spot.sizing import ForwardTiming, Plan, Sizing
@@ -127,6 +128,22 @@ class Request:
 
 
 @dataclass(frozen=True)
+class _Draft:
+    """What a decoding waits on before its verify: `drafter`'s tree for `ctx`."""
+
+    drafter: Drafter
+    ctx: DraftContext
+
+
+@dataclass(frozen=True)
+class _Drafted:
+    """What a decoding resumes with after its _Draft: the tree and the drafting call's seconds."""
+
+    tree: DraftTree
+    seconds: float
+
+
+@dataclass(frozen=True)
 class _Reply:
     """What a decoding resumes with after its Call: the call's outputs and the forward's seconds."""
 
@@ -190,9 +207,9 @@ def generations(
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     waiting = deque(enumerate(requests))
-    running: dict[int, tuple[Generator, Call]] = {}  # index -> (its decoding, the call it waits on)
+    running: dict[int, tuple[Generator, Call | _Draft]] = {}  # index -> (its decoding, what it waits on)
 
-    def advance(i: int, decoding: Generator, reply: _Reply | None) -> Generation | None:
+    def advance(i: int, decoding: Generator, reply: _Reply | _Drafted | None) -> Generation | None:
         try:
             running[i] = (decoding, decoding.send(reply))
             return None
@@ -204,7 +221,18 @@ def generations(
         while waiting and len(running) < batch_size:
             i, r = waiting.popleft()
             decoding = _decoding(target, r, decode, record, record_topk, record_margins, record_hidden)
-            advance(i, decoding, None)  # to its first call: every request takes at least one forward
+            advance(i, decoding, None)  # to its first draft or call: every request takes at least one forward
+        drafting: dict[int, list[int]] = {}  # id(drafter) -> the requests it drafts for this round
+        for i, (_, waits) in running.items():
+            if isinstance(waits, _Draft):
+                drafting.setdefault(id(waits.drafter), []).append(i)
+        for group in drafting.values():
+            drafter = running[group[0]][1].drafter
+            t = time.perf_counter()
+            trees = draft_all(drafter, [running[i][1].ctx for i in group])
+            seconds = time.perf_counter() - t
+            for i, tree in zip(group, trees, strict=True):
+                advance(i, running[i][0], _Drafted(tree, seconds))  # on to its verify call
         order = list(running)
         t = time.perf_counter()
         verified = target.verify_batch([running[i][1] for i in order])
@@ -223,8 +251,8 @@ def _decoding(
     record_topk: int,
     record_margins: bool,
     record_hidden: bool,
-) -> Generator[Call, _Reply, Generation]:
-    """One request's decoding: yields its verify calls, resumes with their outputs, returns its Generation."""
+) -> Generator[Call | _Draft, _Reply | _Drafted, Generation]:
+    """One request's decoding: yields its drafts and verify calls, resumes with their outputs, returns its Generation."""
     config, drafter, request, sizing = r.config, r.drafter, r.number, r.sizing
     prompt = torch.as_tensor(r.prompt_ids, dtype=torch.long).flatten()
     k, n_prompt = config.block_length, prompt.numel()
@@ -381,11 +409,10 @@ def _decode_block(target, stream: Stream, state, start, block, lo, hi, config, d
         if carried is not None:  # the last forward verified this state already: its step needs no forward
             logits, hidden, cross = carried.logits[None], carried.hidden[None], None
         elif budget > 0:
-            t = time.perf_counter()
             ctx = DraftContext(state, stale, stale_state, prior, config, mask_id, request, block, step, budget, step_noise, plan.mode,
                                stale_hidden)
-            tree = drafter.draft(ctx)
-            draft_seconds = time.perf_counter() - t
+            reply = yield _Draft(drafter, ctx)
+            tree, draft_seconds = reply.tree, reply.seconds
             drafted = tree.size
             if tree.size > budget or not torch.equal(tree.states[0].cpu(), state.cpu()):
                 raise RuntimeError(f"drafter {drafter.name!r} returned {tree.size} nodes for budget {budget} or a foreign root")

@@ -17,16 +17,20 @@ from conftest import tiny_qwen3, tiny_qwen3_moe, write_checkpoint
 from test_dual_cache import tiny_dream, tiny_llada
 from test_llada2 import tiny_llada2
 from test_lm import REPO, run_lm_eval
+from test_set_model import learned
 from test_spiffy import calibrated
 
 from spot import DecodeConfig, Request, Sampling, generate, generate_batch, generations
 from spot.drafters import AdversarialDrafter, OracleDrafter, RandomDrafter
+from spot.drafters.base import DraftContext
 from spot.drafters.order_model import OrderModel
 from spot.drafters.sets import SetsDrafter, StaleSets
 from spot.drafters.spiffy import SpiffyDrafter
 from spot.drafters.spot import SpotDrafter
 from spot.targets import BlockCausalTarget, DualCacheTarget
 from spot.targets.base import Call
+from spot_eval.checkpoints.drafter import load_checkpoint
+from spot_eval.checkpoints.shipped import shipped_drafter
 
 VOCAB, MASK, EOS = 64, 63, 62
 SIZES = (2, 3, 8)
@@ -89,16 +93,17 @@ def test_draft_free_decoding_is_the_same_at_every_batch_size(name, policy, tempe
 def test_every_drafter_is_lossless_and_batch_invariant(name, temperature):
     """Each request's drafter in its own trees (oracle, adversarial, random, untrained SPOT, Spiffy), its pieces
     verified beside the other requests' (with cross-block pieces on block-causal targets): tokens and forwards as
-    at batch 1, and as draft-free's tokens."""
+    at batch 1, and as draft-free's tokens. One SPOT drafter serves every request, so its order model scores all
+    the requests' roots in one call per round."""
     target = family(name)
     config = DecodeConfig(policy="single", block_length=16, gen_length=32, sampling=Sampling(temperature), seed=4,
                           cross_block=isinstance(target, BlockCausalTarget))
     requests = mixed(replace(config, cross_block=False), n=4, seed=1)
     references = [generate(target, r.prompt_ids, r.config, request=r.number, decode=words, record=True) for r in requests]
     torch.manual_seed(0)
-    order = OrderModel()
+    spot = SpotDrafter(OrderModel(), gate=0.9)
     drafters = [lambda ref: OracleDrafter(ref.trajectory), lambda ref: AdversarialDrafter(ref.trajectory, VOCAB),
-                lambda ref: RandomDrafter(VOCAB, seed=2), lambda ref: SpotDrafter(order, gate=0.9)]
+                lambda ref: RandomDrafter(VOCAB, seed=2), lambda ref: spot]
     if name == "sdar":  # Spiffy's graph calibrated on this target (test_spiffy covers the other families at batch 1)
         graph = calibrated(target, 16, "single")
         drafters.append(lambda ref: SpiffyDrafter(graph, prune_to=3))
@@ -111,14 +116,46 @@ def test_every_drafter_is_lossless_and_batch_invariant(name, temperature):
 
 @pytest.mark.parametrize("name", ["sdar", "llada_dual"])
 def test_spot_sets_is_lossless_and_batch_invariant_under_threshold_decoding(name):
-    """SPOT-Sets' trees (a stale-confidence set predictor) under threshold decoding at T = 1."""
+    """SPOT-Sets' trees under threshold decoding at T = 1, from the stale-confidence set predictor and from a
+    learned set model (random weights, its token corrections large enough to overturn the stale ranking), whose
+    one call per round scores every request's root."""
     target = family(name)
     config = DecodeConfig(policy="threshold", threshold=0.5, block_length=16, gen_length=32, sampling=Sampling(1.0), seed=6)
     requests = mixed(config, n=4, seed=2)
     references = [generate(target, r.prompt_ids, r.config, request=r.number, decode=words).token_ids for r in requests]
-    sets = SetsDrafter(StaleSets(((1.0, 0.0, 0.0), (0.8, 0.1, -0.5))))
-    alone = same_at_every_batch_size(target, [replace(r, config=replace(r.config, budget=6), drafter=sets) for r in requests])
-    assert [a[0] for a in alone] == references
+    for sets in (SetsDrafter(StaleSets(((1.0, 0.0, 0.0), (0.8, 0.1, -0.5)))), learned(target, 1, wild=True)):
+        alone = same_at_every_batch_size(target, [replace(r, config=replace(r.config, budget=6), drafter=sets) for r in requests])
+        assert [a[0] for a in alone] == references, sets.name
+
+
+@pytest.mark.parametrize("trained", [False, True], ids=["random", "shipped"])
+def test_a_batched_draft_is_each_requests_own_tree(trained):
+    """`draft_batch` over several requests' contexts (different states, steps, temperatures, modes) gives each the
+    tree `draft` gives it alone, node for node and score for score: the order model's rows do not depend on the
+    other rows in its call. The random model drafts blocks of 3 positions, 3 rows a request: a CPU matmul of
+    fewer than 4 rows takes another kernel than a larger one (spot.targets.rows), so plain linear layers fail
+    here, where the drafters' row-invariant ones (spot.drafters.order_model.layer_linear) pass."""
+    if trained:
+        checkpoint = load_checkpoint(shipped_drafter("spot", 32))
+        drafter, k = SpotDrafter(checkpoint.model, reach=checkpoint.reach, stale=checkpoint.stale), 32
+    else:
+        torch.manual_seed(1)
+        drafter, k = SpotDrafter(OrderModel(), gate=0.9), 3
+    g = torch.Generator().manual_seed(3)
+    ctxs = []
+    for i in range(7):
+        state = torch.where(torch.rand(k, generator=g) < 0.3, torch.randint(0, VOCAB - 2, (k,), generator=g), MASK)
+        before = state.clone()
+        before[int(torch.nonzero(state != MASK)[0]) if (state != MASK).any() else 0] = MASK
+        config = DecodeConfig(block_length=k, gen_length=2 * k, sampling=Sampling(0.0 if i % 2 else 1.0), seed=i)
+        logits, prior = torch.randn(k, 256, generator=g) * 4, torch.randn(k, 256, generator=g) * 4
+        ctxs.append(DraftContext(state, logits, before, prior if i % 3 else None, config, MASK, 100 + i, i % 2, 2 + i, 3 + i,
+                                 lambda step: None, "stale" if trained and i == 5 else None))
+    alone = [drafter.draft(ctx) for ctx in ctxs]
+    for size in (2, 3, 7):
+        batched = [tree for start in range(0, len(ctxs), size) for tree in drafter.draft_batch(ctxs[start : start + size])]
+        for a, b in zip(alone, batched, strict=True):
+            assert torch.equal(a.states, b.states) and a.parents == b.parents and a.scores == b.scores and a.reach == b.reach
 
 
 def test_continuous_batching_admits_a_waiting_request_as_one_finishes():

@@ -109,14 +109,13 @@ def test_the_drafter_in_the_engine_reads_the_inputs_its_training_examples_hold(t
     target, drafter, seen = spied_drafter()
     model = drafter.model
     roots = []
-    draft = drafter.draft
+    draft_batch = drafter.draft_batch  # what the engine calls, for every request drafting in a round
 
-    def spy(ctx):
-        if ctx.stale_logits is not None:
-            roots.append((ctx.block, ctx.step, ctx.prior_logits is not None))
-        return draft(ctx)
+    def spy(ctxs):
+        roots.extend((ctx.block, ctx.step, ctx.prior_logits is not None) for ctx in ctxs if ctx.stale_logits is not None)
+        return draft_batch(ctxs)
 
-    drafter.draft = spy
+    drafter.draft_batch = spy
     config = DecodeConfig(block_length=16, gen_length=48, sampling=Sampling(temperature), seed=3)
     ids = list(range(1, 12))
     got = generate(target, ids, replace(config, budget=4), drafter=drafter)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -57,4 +57,12 @@ class Drafter(Protocol):
 
 # A drafter that budget=auto can size also has `modes: dict[str, tuple[float, ...]]`: each calibrated
 # way it can draft (DraftContext.mode), with its mean reach by best-first rank; and its trees carry
-# `reach` (spot.tree.DraftTree).
+# `reach` (spot.tree.DraftTree). A drafter with a network to run may also have
+# `draft_batch(ctxs) -> list[DraftTree]`: several requests' trees, each the one `draft` gives it, with the
+# network's calls shared (what batched decoding runs, spot.engine.generations).
+
+
+def draft_all(drafter: Drafter, ctxs: Sequence[DraftContext]) -> list[DraftTree]:
+    """The trees of several requests' contexts: in one `draft_batch` where the drafter has it, else one by one."""
+    batch = getattr(drafter, "draft_batch", None)
+    return batch(ctxs) if batch is not None else [drafter.draft(ctx) for ctx in ctxs]

@@ -35,7 +35,7 @@ Shapes: B batch, K block length, k top-k, F features.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
 import torch
@@ -43,6 +43,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from spot.noise import gumbel_at, step_key
+from spot.targets import rows
 
 # The scalar inputs per position, in feature order after the k log-probabilities.
 SCALARS = (
@@ -260,29 +261,40 @@ class OrderModel(nn.Module):
         k = feats.shape[1]
         if k > self.config.max_block:
             raise ValueError(f"block length {k} exceeds the order model's max_block {self.config.max_block}")
+        linear = layer_linear(self)
         positions = torch.arange(k, device=feats.device)
-        h = self.inputs(feats) + self.position(positions)[None] + self.token(buckets)  # [B, K, d]
+        h = linear(feats, self.inputs.weight, self.inputs.bias) + self.position(positions)[None] + self.token(buckets)  # [B, K, d]
         h = self.norm(self.encode(h))
-        logits = self.head(h)[..., 0]  # [B, K]
-        return logits.masked_fill(~candidates, float("-inf")), self.confidence_head(h)[..., 0]
+        logits = linear(h, self.head.weight, self.head.bias)[..., 0]  # [B, K]
+        return logits.masked_fill(~candidates, float("-inf")), linear(h, self.confidence_head.weight, self.confidence_head.bias)[..., 0]
 
     def encode(self, h: torch.Tensor) -> torch.Tensor:
-        return encode(self.encoder, h)
+        return encode(self.encoder, h, layer_linear(self))
 
 
-def encode(encoder: nn.TransformerEncoder, h: torch.Tensor) -> torch.Tensor:
-    """The pre-norm encoder layers ([B, K, d] -> [B, K, d]) as plain ops on their parameters:
-    nn.TransformerEncoder's own forward re-checks its fast-path conditions in Python on every
-    call, which cost about a fifth of a drafting call's time at one tree per call (no dropout
-    here: the models are built with dropout 0)."""
+def layer_linear(model: nn.Module) -> Callable[..., torch.Tensor]:
+    """The linear map a drafter's model runs its layers with: in eval mode on fixed chunks of rows
+    (spot.targets.rows.linear), so that a node's output does not depend on how many other nodes or
+    requests share the call (a matmul's kernel, and so its rounding, changes with the row count), which
+    lets the engine batch the drafters of several requests and get each one's batch-1 tree; in training
+    F.linear, whose large batches the chunks would slow."""
+    return F.linear if model.training else rows.linear
+
+
+def encode(encoder: nn.TransformerEncoder, h: torch.Tensor, linear: Callable[..., torch.Tensor] = F.linear) -> torch.Tensor:
+    """The pre-norm encoder layers ([B, K, d] -> [B, K, d]) as plain ops on their parameters, every
+    matmul through `linear` (layer_linear): nn.TransformerEncoder's own forward re-checks its fast-path
+    conditions in Python on every call, which cost about a fifth of a drafting call's time at one tree
+    per call (no dropout here: the models are built with dropout 0)."""
     b, k, d = h.shape
     for layer in encoder.layers:
         attn = layer.self_attn
-        qkv = F.linear(layer.norm1(h), attn.in_proj_weight, attn.in_proj_bias)  # [B, K, 3d]
+        qkv = linear(layer.norm1(h), attn.in_proj_weight, attn.in_proj_bias)  # [B, K, 3d]
         q, key, v = qkv.view(b, k, 3, attn.num_heads, d // attn.num_heads).permute(2, 0, 3, 1, 4)  # [B, H, K, d/H] each
         mixed = F.scaled_dot_product_attention(q, key, v).transpose(1, 2).reshape(b, k, d)
-        h = h + attn.out_proj(mixed)
-        h = h + layer.linear2(F.relu(layer.linear1(layer.norm2(h))))
+        h = h + linear(mixed, attn.out_proj.weight, attn.out_proj.bias)
+        hidden = F.relu(linear(layer.norm2(h), layer.linear1.weight, layer.linear1.bias))  # [B, K, ff]
+        h = h + linear(hidden, layer.linear2.weight, layer.linear2.bias)
     return h
 
 

@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import nn
 
-from spot.drafters.order_model import N_SCALARS, Prediction, Prior, encode, features
+from spot.drafters.order_model import N_SCALARS, Prediction, Prior, encode, features, layer_linear
 
 
 @dataclass(frozen=True)
@@ -153,10 +153,12 @@ class SetModel(nn.Module):
         k = inputs.feats.shape[1]
         if k > self.config.max_block:
             raise ValueError(f"block length {k} exceeds the set model's max_block {self.config.max_block}")
+        linear = layer_linear(self)
         positions = torch.arange(k, device=inputs.feats.device)
-        h = self.inputs(inputs.feats) + self.position(positions)[None] + self.token(inputs.buckets)  # [B, K, d]
-        h = self.norm(encode(self.encoder, h))
-        return self.inclusion(h)[..., 0], topk_logprobs.float() + self.correction(h)
+        h = linear(inputs.feats, self.inputs.weight, self.inputs.bias) + self.position(positions)[None] + self.token(inputs.buckets)  # [B, K, d]
+        h = self.norm(encode(self.encoder, h, linear))
+        inclusion = linear(h, self.inclusion.weight, self.inclusion.bias)[..., 0]  # [B, K]
+        return inclusion, topk_logprobs.float() + linear(h, self.correction.weight, self.correction.bias)
 
 
 class LearnedSets:
@@ -176,21 +178,34 @@ class LearnedSets:
         self.topk = config.topk
 
     @torch.inference_mode()
-    def node_sets(self, stale, masked: torch.Tensor, depths, last: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if stale.hidden is None:
-            raise ValueError("the learned set model reads the target's hidden states, which this target does not expose")
-        b = masked.shape[0]
-        predictions = [stale.prediction(d) for d in depths]
-        prediction = Prediction(*(torch.stack([getattr(p, f) for p in predictions]) for f in ("tokens", "probs", "margin")))
-        lp, ids = stale.lp.expand(b, -1, -1), stale.ids.expand(b, -1, -1)  # [B, K, k]
-        inputs = set_inputs(self.model.config, lp, ids, prediction, masked, stale.root_masked & ~masked, last, stale.prior,
-                            self.token_coords, self.hidden(stale.hidden))
-        inclusion, scores = self.model(inputs, lp)  # [B, K], [B, K, k]
-        noise = None
-        if stale.noise is not None:
-            noise = stale.noise[torch.tensor([min(d, stale.noise.shape[0] - 1) for d in depths], device=self.device)]
-        tokens = draw_tokens(scores, ids, stale.temperature, noise)  # [B, K]
-        return torch.sigmoid(inclusion.double()).masked_fill(~masked, 0.0), tokens
+    def node_sets(self, groups) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """SetPredictor (spot.drafters.sets): every group's nodes in one model call. Each group's inputs and
+        outputs are computed apart, and the model's rows do not depend on the others in the call
+        (order_model.layer_linear), so that a group's scores are those of a call of its own."""
+        if not groups:
+            return []
+        inputs, tops = [], []
+        for g in groups:
+            if g.stale.hidden is None:
+                raise ValueError("the learned set model reads the target's hidden states, which this target does not expose")
+            b = g.masked.shape[0]
+            predictions = [g.stale.prediction(d) for d in g.depths]
+            prediction = Prediction(*(torch.stack([getattr(p, f) for p in predictions]) for f in ("tokens", "probs", "margin")))
+            lp, ids = g.stale.lp.expand(b, -1, -1), g.stale.ids.expand(b, -1, -1)  # [F, K, k]
+            inputs.append(set_inputs(self.model.config, lp, ids, prediction, g.masked, g.stale.root_masked & ~g.masked, g.last,
+                                     g.stale.prior, self.token_coords, self.hidden(g.stale.hidden)))
+            tops.append(lp)
+        sizes = [g.masked.shape[0] for g in groups]
+        feats = torch.cat([i.feats for i in inputs])  # [sum F, K, F_in]
+        inclusion, scores = self.model(SetInputs(feats, torch.cat([i.buckets for i in inputs])), torch.cat(tops))  # [sum F, K], [sum F, K, k]
+        out = []
+        for g, group_inclusion, group_scores in zip(groups, inclusion.split(sizes), scores.split(sizes), strict=True):
+            noise = None
+            if g.stale.noise is not None:
+                noise = g.stale.noise[torch.tensor([min(d, g.stale.noise.shape[0] - 1) for d in g.depths], device=self.device)]
+            tokens = draw_tokens(group_scores, g.stale.ids.expand(len(g.depths), -1, -1), g.stale.temperature, noise)  # [F, K]
+            out.append((torch.sigmoid(group_inclusion.double()).masked_fill(~g.masked, 0.0), tokens))
+        return out
 
 
 def draw_tokens(scores: torch.Tensor, ids: torch.Tensor, temperature: float | torch.Tensor, noise: torch.Tensor | None) -> torch.Tensor:

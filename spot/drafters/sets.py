@@ -103,11 +103,14 @@ class StaleSets:
     topk = TOPK
     device = torch.device("cpu")
 
-    def node_sets(self, stale: Stale, masked: torch.Tensor, depths: Sequence[int], last: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def node_sets(self, groups: Sequence[Nodes]) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """SetPredictor: the inclusion probabilities of the module docstring's rule and the stale draws."""
-        predictions = [stale.prediction(d) for d in depths]
-        probs = torch.stack([self.probs(p.probs[:, 0], m, d, stale.threshold) for p, m, d in zip(predictions, masked, depths, strict=True)])
-        return probs, torch.stack([p.tokens[:, 0] for p in predictions])
+        out = []
+        for g in groups:
+            predictions = [g.stale.prediction(d) for d in g.depths]
+            probs = [self.probs(p.probs[:, 0], m, d, g.stale.threshold) for p, m, d in zip(predictions, g.masked, g.depths, strict=True)]
+            out.append((torch.stack(probs), torch.stack([p.tokens[:, 0] for p in predictions])))
+        return out
 
     def probs(self, confidence: torch.Tensor, masked: torch.Tensor, depth: int, threshold: float) -> torch.Tensor:
         """[K] inclusion probabilities (0 where not masked) from the node's confidences [K]."""
@@ -221,7 +224,8 @@ class Stale:
     lp, ids: [K, k] the stale top-k log-probabilities and ids; noise: [D, K, k] the verifier's noise at
     those ids for depths 0..D-1 (None at T = 0); predictions: the stale draw per depth (one at T = 0);
     prior: the top-1 of the forward before the stale one (None at a block's second step); hidden: [K, d]
-    the stale hidden states; root_masked: [K]; temperature and threshold: the decoder's.
+    the stale hidden states; root_masked: [K]; temperature and threshold: the decoder's; before: [K] the
+    stale state's masked positions (what the root's parent had masked).
     """
 
     lp: torch.Tensor
@@ -233,9 +237,21 @@ class Stale:
     root_masked: torch.Tensor
     temperature: float
     threshold: float
+    before: torch.Tensor
 
     def prediction(self, depth: int) -> Prediction:
         return self.predictions[min(depth, len(self.predictions) - 1)]
+
+
+@dataclass(frozen=True)
+class Nodes:
+    """F nodes of one draft for a set predictor to score: masked [F, K] their masked positions, their
+    depths, last [F, K] what the step into each committed; stale what the draft reads."""
+
+    stale: Stale
+    masked: torch.Tensor
+    depths: Sequence[int]
+    last: torch.Tensor
 
 
 @runtime_checkable
@@ -245,9 +261,10 @@ class SetPredictor(Protocol):
     topk: int  # the stale top-k width it reads
     device: torch.device
 
-    def node_sets(self, stale: Stale, masked: torch.Tensor, depths: Sequence[int], last: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """For B nodes (masked: [B, K] their masked positions; depths; last: [B, K] what the step into each
-        committed), (inclusion probabilities [B, K] float64, 0 where not masked; tokens [B, K] int64)."""
+    def node_sets(self, groups: Sequence[Nodes]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per group of F nodes (one draft's: a level of its tree, or the root of each of several requests'
+        drafts), (inclusion probabilities [F, K] float64, 0 where not masked; tokens [F, K] int64); a group's
+        outputs do not depend on the other groups."""
 
 
 class SetsDrafter:
@@ -261,10 +278,20 @@ class SetsDrafter:
         self.name = name
         self.model_depth = model_depth
 
-    @torch.inference_mode()
     def draft(self, ctx: DraftContext) -> DraftTree:
-        if ctx.stale_logits is None:  # a block's first step: no distribution of this block yet
-            return DraftTree.root_only(ctx.state)
+        return self.draft_batch([ctx])[0]
+
+    @torch.inference_mode()
+    def draft_batch(self, ctxs: Sequence[DraftContext]) -> list[DraftTree]:
+        """The trees of several requests' contexts, each the tree `draft` grows for it alone: the predictor
+        scores every root in one call (a group per request, spot.drafters.sets.SetPredictor.node_sets)."""
+        stales = [None if ctx.stale_logits is None else self._stale(ctx) for ctx in ctxs]
+        roots = [Nodes(s, s.root_masked[None], (0,), (s.before & ~s.root_masked)[None]) for s in stales if s is not None]
+        scored = iter(self.predictor.node_sets(roots))
+        # a block's first step has no distribution of this block yet: the root alone
+        return [DraftTree.root_only(ctx.state) if s is None else self._grow(ctx, s, next(scored)) for ctx, s in zip(ctxs, stales, strict=True)]
+
+    def _stale(self, ctx: DraftContext) -> Stale:
         device, temperature = self.predictor.device, ctx.config.sampling.temperature
         lp, ids = (t.to(device) for t in topk_logprobs(ctx.stale_logits, self.predictor.topk, ctx.mask_id))
         noise = depth_noise(ids, ctx, temperature)
@@ -273,24 +300,35 @@ class SetsDrafter:
             prior_lp, prior_ids = topk_logprobs(ctx.prior_logits, 1, ctx.mask_id)
             prior = Prior(prior_lp[:, 0].to(device), prior_ids[:, 0].to(device), torch.tensor(True, device=device))
         hidden = None if ctx.stale_hidden is None else ctx.stale_hidden.to(device)
-        stale = Stale(lp, ids, noise, predictions_under(lp, ids, noise, temperature), prior, hidden,
-                      (ctx.state == ctx.mask_id).to(device), temperature, ctx.config.threshold)
+        root_masked = (ctx.state == ctx.mask_id).to(device)
+        before = root_masked if ctx.stale_state is None else (ctx.stale_state == ctx.mask_id).to(device)
+        return Stale(lp, ids, noise, predictions_under(lp, ids, noise, temperature), prior, hidden, root_masked, temperature,
+                     ctx.config.threshold, before)
+
+    def _grow(self, ctx: DraftContext, stale: Stale, root: tuple[torch.Tensor, torch.Tensor]) -> DraftTree:
+        """Best-first growth of ctx's tree, the root scored by `root` (its pi and tokens, [1, K] each)."""
+        device = self.predictor.device
         # node id -> [K] its masked positions; the root's parent (-1) is the state of the stale logits, so
         # what the step into a node committed is where its parent was masked and it is not
-        masked_at = {-1: stale.root_masked if ctx.stale_state is None else (ctx.stale_state == ctx.mask_id).to(device)}
+        masked_at = {-1: stale.before}
         scored: dict[int, torch.Tensor] = {}  # node id -> [K] the pi it reads: its own, or a scored ancestor's
+        root_tokens = root[1][0]
 
         def expand(frontier: Frontier) -> list[list[SetEdge]]:
             masked = frontier.states.to(device) == ctx.mask_id  # [B, K]
             masked_at.update(zip(frontier.nodes, masked, strict=True))
-            scored_here = [self.model_depth is None or d < self.model_depth for d in frontier.depths]  # the predictor scores it
-            fresh = [i for i, own in enumerate(scored_here) if own]
+            # the predictor scores the node (the root's scores came with the call)
+            scored_here = [self.model_depth is None or d < self.model_depth for d in frontier.depths]
+            fresh = [i for i, own in enumerate(scored_here) if own and frontier.nodes[i] != 0]
             probs = torch.empty(masked.shape, dtype=torch.float64, device=device)  # [B, K]
             tokens = torch.empty(masked.shape, dtype=torch.long, device=device)  # [B, K]
             if fresh:
                 last = torch.stack([masked_at[frontier.parents[i]] for i in fresh]) & ~masked[fresh]  # [F, K]
-                probs[fresh], tokens[fresh] = self.predictor.node_sets(stale, masked[fresh], [frontier.depths[i] for i in fresh], last)
+                nodes = Nodes(stale, masked[fresh], [frontier.depths[i] for i in fresh], last)
+                probs[fresh], tokens[fresh] = self.predictor.node_sets([nodes])[0]
             for i, (node, parent, depth) in enumerate(zip(frontier.nodes, frontier.parents, frontier.depths, strict=True)):
+                if node == 0:
+                    probs[i], tokens[i] = root[0][0], root_tokens
                 if scored_here[i]:
                     scored[node] = probs[i]
                 else:  # the parent's pi where the node is still masked, and the stale draw of the node's own step

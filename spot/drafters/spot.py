@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -82,49 +82,93 @@ class SpotDrafter:
             modes["stale"] = self.stale.reach.mean_reach
         return modes
 
-    @torch.inference_mode()
     def draft(self, ctx: DraftContext) -> DraftTree:
-        if ctx.stale_logits is None:  # a block's first step: no distribution of this block yet
-            return DraftTree.root_only(ctx.state)
-        lp, ids = topk_logprobs(ctx.stale_logits, self.model.config.topk, ctx.mask_id)
-        prior = None
-        if ctx.prior_logits is not None and ctx.mode != "stale":  # the stale order reads no trend
-            prior_lp, prior_ids = topk_logprobs(ctx.prior_logits, 1, ctx.mask_id)
-            prior = Prior(prior_lp[:, 0], prior_ids[:, 0], torch.tensor(True))
-        return self.grow(ctx, lp, ids, prior)
+        return self.draft_batch([ctx])[0]
+
+    @torch.inference_mode()
+    def draft_batch(self, ctxs: Sequence[DraftContext]) -> list[DraftTree]:
+        """The trees of several requests' contexts (one target, so one block length), each the tree `draft`
+        grows for it alone: the order model scores every root in one call, whose rows do not depend on the
+        others in it (the model's layers are row-invariant in eval mode, spot.drafters.order_model)."""
+        roots = [None if ctx.stale_logits is None else self._root(ctx, *self._stale_topk(ctx)) for ctx in ctxs]
+        scored = iter(self._root_logits([r for r in roots if r is not None]))
+        # a block's first step has no distribution of this block yet: the root alone
+        return [DraftTree.root_only(ctx.state) if r is None else self._grow(r, next(scored)) for ctx, r in zip(ctxs, roots, strict=True)]
 
     @torch.inference_mode()
     def grow(self, ctx: DraftContext, lp: torch.Tensor, ids: torch.Tensor, prior: Prior | None) -> DraftTree:
         """The tree from the stale top-k (lp, ids: [K, k]) and the prior's top-1 ([K] each, or None);
         also used offline on recorded trajectories."""
-        device = next(self.model.parameters()).device
-        lp, ids = lp.to(device), ids.to(device)
-        if prior is not None:
-            prior = Prior(prior.logprobs.to(device), prior.ids.to(device), prior.present.to(device))
+        root = self._root(ctx, lp, ids, prior)
+        return self._grow(root, self._root_logits([root])[0])
+
+    def _stale_topk(self, ctx: DraftContext) -> tuple[torch.Tensor, torch.Tensor, Prior | None]:
+        """The stale top-k ([K, k] log-probabilities and ids) and the prior's top-1 the tree reads."""
+        lp, ids = topk_logprobs(ctx.stale_logits, self.model.config.topk, ctx.mask_id)
+        prior = None
+        if ctx.prior_logits is not None and ctx.mode != "stale":  # the stale order reads no trend
+            prior_lp, prior_ids = topk_logprobs(ctx.prior_logits, 1, ctx.mask_id)
+            prior = Prior(prior_lp[:, 0], prior_ids[:, 0], torch.tensor(True))
+        return lp, ids, prior
+
+    def _root(self, ctx: DraftContext, lp: torch.Tensor, ids: torch.Tensor, prior: Prior | None) -> _Root:
         if ctx.mode not in (None, "model", "stale"):
             raise ValueError(f"SPOT drafts in mode 'model' or 'stale', not {ctx.mode!r}")
         if ctx.mode == "stale" and self.stale is None:
             raise ValueError("mode 'stale' needs the stale order's temperature: calibrate the drafter (spot-eval calibrate-reach)")
+        device = next(self.model.parameters()).device
+        lp, ids = lp.to(device), ids.to(device)
+        if prior is not None:
+            prior = Prior(prior.logprobs.to(device), prior.ids.to(device), prior.present.to(device))
+        masked = (ctx.state == ctx.mask_id).to(device)  # [K]
+        before = masked if ctx.stale_state is None else (ctx.stale_state == ctx.mask_id).to(device)
         temperature = ctx.config.sampling.temperature
+        return _Root(ctx, lp, ids, prior, depth_predictions(lp, ids, ctx, temperature), masked, before)
+
+    def _root_logits(self, roots: Sequence[_Root]) -> list[torch.Tensor]:
+        """[K] order logits per root: the stale order's, or the order model's, every root in one call."""
+        out: dict[int, torch.Tensor] = {}
+        modelled = []
+        for i, root in enumerate(roots):
+            if root.ctx.mode == "stale":
+                out[i] = self.stale.logits(root.prediction(0).probs[:, 0], root.masked)
+            else:
+                modelled.append(i)
+        if modelled:
+            inputs = [self._inputs(roots[i], roots[i].masked[None], roots[i].before[None] & ~roots[i].masked[None], [0])
+                      for i in modelled]
+            feats, buckets = (torch.cat(parts) for parts in zip(*inputs, strict=True))  # [R, K, F], [R, K]
+            masked = torch.stack([roots[i].masked for i in modelled])  # [R, K]
+            out.update(zip(modelled, self.model(feats, buckets, masked), strict=True))
+        return [out[i] for i in range(len(roots))]
+
+    def _inputs(self, root: _Root, masked: torch.Tensor, last: torch.Tensor, depths: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The order model's inputs for F nodes of root's tree (masked, last: [F, K]; their depths):
+        features [F, K, k + N_SCALARS] and token buckets [F, K]."""
+        f = len(depths)
+        pred = [root.prediction(d) for d in depths]
+        prediction = Prediction(*(torch.stack([getattr(p, name) for p in pred]) for name in ("tokens", "probs", "margin")))
+        return features(root.lp.expand(f, -1, -1), root.ids.expand(f, -1, -1), prediction, masked, root.masked & ~masked, last,
+                        root.prior, self.model.config.buckets)
+
+    def _grow(self, root: _Root, root_logits: torch.Tensor) -> DraftTree:
+        """Best-first growth of root's tree, the root scored by `root_logits` [K]."""
+        ctx, device = root.ctx, root.masked.device
         stale_mode = ctx.mode == "stale"
-        root_masked = (ctx.state == ctx.mask_id).to(device)  # [K]
         # node id -> [K] its masked positions; the root's parent (-1) is the state of the stale logits,
         # so each node's last commit is where its parent was masked and it is not
-        masked_at = {-1: root_masked if ctx.stale_state is None else (ctx.stale_state == ctx.mask_id).to(device)}
-        predictions = depth_predictions(lp, ids, ctx, temperature)  # depth -> [K, 2] tokens and probabilities
-        order_logits: dict[int, torch.Tensor] = {}  # node id -> [K] the order model's logits at that node
+        masked_at = {-1: root.before, 0: root.masked}
+        order_logits = {0: root_logits}  # node id -> [K] the order model's logits at that node
         scored_by: dict[int, int] = {}  # node id -> the node whose order logits score it (itself or an ancestor)
         tables: dict[tuple[int, int], list[tuple[float, int, int]]] = {}
-
-        def prediction(depth: int) -> Prediction:  # [K, 2] tokens and probabilities under the step's noise
-            return predictions[depth if temperature > 0 else 0]  # at T = 0 the ranking is the same at every depth
+        temperature = ctx.config.sampling.temperature
 
         def table(source: int, depth: int) -> list[tuple[float, int, int]]:
             """The (score, position, token) edges of the source's order logits and the depth's tokens,
             best first, before renormalising over a node's masked positions."""
             key = (source, depth if temperature > 0 else 0)
             if key not in tables:
-                pred = prediction(depth)
+                pred = root.prediction(depth)
                 branch = pred.probs[:, 0] < self.gate  # [K]: uncertain token, try the runner-up too
                 token_lp = pred.probs.clamp_min(1e-12).log()  # [K, 2]
                 token_lp[:, 1] = token_lp[:, 1].masked_fill(~branch, float("-inf"))
@@ -139,31 +183,44 @@ class SpotDrafter:
         def expand(frontier: Frontier) -> list[list[Edge]]:
             nodes = frontier.states.to(device)  # [B, K]
             masked = nodes == ctx.mask_id
-            fresh = [i for i, d in enumerate(frontier.depths) if self.model_depth is None or d < self.model_depth]
+            fresh = [i for i, (n, d) in enumerate(zip(frontier.nodes, frontier.depths, strict=True))
+                     if n not in order_logits and (self.model_depth is None or d < self.model_depth)]
             if fresh and stale_mode:
-                logits = self.stale.logits(torch.stack([prediction(frontier.depths[i]).probs[:, 0] for i in fresh]), masked[fresh])
+                logits = self.stale.logits(torch.stack([root.prediction(frontier.depths[i]).probs[:, 0] for i in fresh]), masked[fresh])
                 order_logits.update(zip((frontier.nodes[i] for i in fresh), logits, strict=True))  # [F, K] no model call
             elif fresh:
                 masked_at.update((frontier.nodes[i], masked[i]) for i in fresh)
                 last = torch.stack([masked_at[frontier.parents[i]] for i in fresh]) & ~masked[fresh]  # [F, K]
-                pred = [prediction(frontier.depths[i]) for i in fresh]
-                feats, buckets = features(
-                    lp.expand(len(fresh), -1, -1), ids.expand(len(fresh), -1, -1),
-                    Prediction(torch.stack([p.tokens for p in pred]), torch.stack([p.probs for p in pred]),
-                               torch.stack([p.margin for p in pred])),
-                    masked[fresh], root_masked & ~masked[fresh], last, prior, self.model.config.buckets,
-                )
+                feats, buckets = self._inputs(root, masked[fresh], last, [frontier.depths[i] for i in fresh])
                 logits = self.model(feats, buckets, masked[fresh])  # [F, K], -inf where committed
                 order_logits.update(zip((frontier.nodes[i] for i in fresh), logits, strict=True))
             out = []
-            for i, (node, parent, depth) in enumerate(zip(frontier.nodes, frontier.parents, frontier.depths, strict=True)):
-                scored_by[node] = node if i in fresh else scored_by[parent]
-                out.append(_renormalised(table(scored_by[node], depth), masked[i].tolist(), order_logits[scored_by[node]], ctx.budget))
+            for i, (node, parent) in enumerate(zip(frontier.nodes, frontier.parents, strict=True)):
+                scored_by[node] = node if node in order_logits else scored_by[parent]
+                out.append(_renormalised(table(scored_by[node], frontier.depths[i]), masked[i].tolist(), order_logits[scored_by[node]], ctx.budget))
             return out
 
         tree = grow_best_first(ctx.state, ctx.budget, expand, self.gamma)
         reach = self.stale.reach if stale_mode else self.reach
         return tree if reach is None else replace(tree, reach=(1.0, *reach(tree.scores[1:])))
+
+
+@dataclass(frozen=True)
+class _Root:
+    """What a tree grown from one context reads, on the order model's device: the stale top-k (lp, ids:
+    [K, k]), the prior's top-1, the stale draw of every depth the tree can reach, the root's masked
+    positions [K] and the stale state's (`before`, [K])."""
+
+    ctx: DraftContext
+    lp: torch.Tensor
+    ids: torch.Tensor
+    prior: Prior | None
+    predictions: list[Prediction]
+    masked: torch.Tensor
+    before: torch.Tensor
+
+    def prediction(self, depth: int) -> Prediction:  # [K, 2] tokens and probabilities under the step's noise
+        return self.predictions[depth if self.ctx.config.sampling.temperature > 0 else 0]  # at T = 0 the ranking is the same at every depth
 
 
 def _renormalised(table: list[tuple[float, int, int]], masked: list[bool], logits: torch.Tensor, budget: int) -> list[Edge]:

@@ -47,9 +47,14 @@ def row_invariant_linears(model: nn.Module) -> None:
             module.forward = types.MethodType(_chunked_linear, module)
 
 
-def _chunked_linear(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear on chunks of DENSE_ROWS rows: x [..., d_in] -> [..., d_out], each row as in any other call."""
     rows = x.reshape(-1, x.shape[-1])  # [n, d_in]
     if rows.shape[0] == 0:
-        return F.linear(x, self.weight, self.bias)
-    out = in_chunks(lambda chunk: F.linear(chunk, self.weight, self.bias), rows, DENSE_ROWS)  # [n, d_out]
+        return F.linear(x, weight, bias)
+    out = in_chunks(lambda chunk: F.linear(chunk, weight, bias), rows, DENSE_ROWS)  # [n, d_out]
     return out.view(*x.shape[:-1], out.shape[-1])
+
+
+def _chunked_linear(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    return linear(x, self.weight, self.bias)
