@@ -236,6 +236,7 @@ def test_every_drafter_is_lossless_relative_to_the_dual_cache_decoder(name, temp
     every_drafter_is_lossless(target, "threshold", temperature)
 
 
+@pytest.mark.slow
 def test_the_training_commands_and_decode_work_on_a_llada_directory(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # budget=auto's profile
     path = write_llada(tmp_path / "llada", tiny_llada(seed=5))

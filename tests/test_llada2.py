@@ -191,6 +191,7 @@ def training_commands_work(path: Path, tmp_path: Path, capsys) -> Path:
     return drafter
 
 
+@pytest.mark.slow
 def test_the_training_commands_and_decode_work_on_a_llada2_directory(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # budget=auto's profile
     training_commands_work(write_llada2(tmp_path / "llada2", tiny_llada2(seed=4)), tmp_path, capsys)

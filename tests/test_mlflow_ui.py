@@ -36,6 +36,7 @@ def column(metric: str) -> str:
     return f'.ag-header-cell[col-id="metrics.`{metric}`"]'
 
 
+@pytest.mark.xdist_group("mlflow_server")
 @pytest.mark.slow
 def test_the_printed_link_opens_the_runs_table_with_the_headline_columns(server, tmp_path):
     executable = chromium()

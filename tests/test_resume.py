@@ -61,6 +61,7 @@ def uninterrupted(tmp_path_factory) -> tuple[Path, Path]:
     return checkpoint, root / "whole"
 
 
+@pytest.mark.xdist_group("resume")  # one worker runs the uninterrupted reference once
 @pytest.mark.slow
 @pytest.mark.parametrize("stop", [signal.SIGKILL, signal.SIGINT], ids=["SIGKILL", "SIGINT"])
 def test_a_run_interrupted_midway_reruns_into_the_whole_run(uninterrupted, stop, tmp_path):

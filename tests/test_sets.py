@@ -159,6 +159,7 @@ def test_the_exact_set_and_f1_metrics_on_a_literal_block():
     assert report.baseline_exact_set == (0.5,) and report.baseline_f1 == (pytest.approx((2 * 2) / (3 + 3)),)
 
 
+@pytest.mark.slow
 def test_fit_sets_and_the_sets_method_through_the_cli(tmp_path, capsys):
     path = str(write_checkpoint(tmp_path / "ckpt"))
     traj, single, sets = tmp_path / "traj", tmp_path / "single", str(tmp_path / "sets.json")

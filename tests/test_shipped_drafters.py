@@ -18,6 +18,7 @@ def target():
     return load_target(EMBEDDED_TARGET, 32)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("policy", ["single", "threshold"])
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_shipped_spot_and_spiffy_are_lossless_on_the_embedded_target(target, temperature, policy):
@@ -41,6 +42,7 @@ def test_each_policy_gets_the_drafter_shipped_for_it(target):
             build_drafter(MethodSpec(method, 8, str(path)), target, other, threshold=0.9)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("suffix", ["pt", "json"], ids=["set-model", "stale-sets"])
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_the_shipped_set_predictors_are_lossless_under_threshold_decoding(target, temperature, suffix):

@@ -204,6 +204,7 @@ time.sleep(60)
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("how", "status"), [("raise", "FAILED"), ("SIGTERM", "KILLED")])
 def test_a_run_ends_failed_on_an_exception_and_killed_on_sigterm(how, status, tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
@@ -217,6 +218,7 @@ def test_a_run_ends_failed_on_an_exception_and_killed_on_sigterm(how, status, tm
     assert MlflowClient(uri).get_run(run_id).info.status == status
 
 
+@pytest.mark.xdist_group("mlflow_server")
 @pytest.mark.slow
 def test_server_round_trip(server, tmp_path):
     (tmp_path / "files").mkdir()
@@ -227,6 +229,7 @@ def test_server_round_trip(server, tmp_path):
     assert not spool.exists()  # the entry went at the end of the evaluation, and the emptied spool with it
 
 
+@pytest.mark.xdist_group("mlflow_server")
 @pytest.mark.slow
 def test_outage_from_the_start_spools_then_sync_replays_it(server, tmp_path, capsys):
     (tmp_path / "files").mkdir()
@@ -270,6 +273,7 @@ def test_sync_skips_an_entry_an_evaluation_is_still_writing(tmp_path, capsys):
     tracker.end()
 
 
+@pytest.mark.xdist_group("mlflow_server")
 @pytest.mark.slow
 def test_server_killed_mid_run_loses_nothing(server, tmp_path, capsys):
     (tmp_path / "files").mkdir()
@@ -336,6 +340,7 @@ def _check_spot_run(client: MlflowClient, cwd: Path) -> None:
         "metrics.`spot_gsm8k/exact_match_strict-match`", "metrics.`spot_gsm8k/exact_match_flexible-extract`"]
 
 
+@pytest.mark.xdist_group("mlflow_server")
 @pytest.mark.slow
 def test_lm_eval_logs_a_whole_evaluation_to_a_real_server(server, tmp_path):
     checkpoint = write_checkpoint(tmp_path / "ckpt")

@@ -160,6 +160,7 @@ def test_target_fingerprint_ties_a_drafter_to_target_and_block_length(checkpoint
         check_fingerprint(fp16, target_fingerprint(load_target(other, None), "single"))
 
 
+@pytest.mark.slow
 def test_cli_collect_then_train_drafter(checkpoint, tmp_path, capsys):
     out, drafter = tmp_path / "traj", tmp_path / "spot.pt"
     main(["collect", "--target", str(checkpoint), "--out", str(out), "--prompts", "3", "--gen-length", str(GEN),

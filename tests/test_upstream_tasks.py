@@ -37,6 +37,10 @@ RESPONSES = {  # [doc, response] for each pair of tasks
 LIMIT = 3
 
 
+# One worker runs the module (pytest-xdist --dist loadgroup), so its upstream evaluation runs once.
+pytestmark = pytest.mark.xdist_group("upstream_tasks")
+
+
 @pytest.fixture(scope="module")
 def tasks(tmp_path_factory) -> dict:
     tmp = tmp_path_factory.mktemp("upstream")
