@@ -25,18 +25,27 @@ else
   EXACTNESS="--prompts 8 --gen 128 --pieces 2+9+21" LIMIT=10 MAX_GEN=256 BATCHING="--prompts 8 --gen 128 --sizes 1+2+4+8 --repeats 1"
 fi
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 PYTHONUNBUFFERED=1
-echo "device_check: verify cost, embedded target" >&2
-$PY bench/verify_cost.py --model embedded --device $DEVICE --dtype bfloat16 --pieces $PIECES --context $CONTEXT --repeats $REPEATS
-echo "device_check: verify cost, SDAR-8B-shaped" >&2
-$PY bench/verify_cost.py --model sdar-8b $SDAR --device $DEVICE --dtype bfloat16 --pieces $PIECES --context $CONTEXT --repeats $REPEATS
-echo "device_check: verify cost, LLaDA2.0-mini-shaped" >&2
-$PY bench/verify_cost.py --model llada2-mini $LLADA2 --device $DEVICE --dtype bfloat16 --pieces $PIECES --context $CONTEXT --repeats $REPEATS
-echo "device_check: exactness of the two layouts" >&2
-$PY bench/verify_exactness.py --device $DEVICE --dtype bfloat16 $EXACTNESS
-echo "device_check: budget=auto's inputs" >&2
-$PY bench/auto_cost.py --device $DEVICE --dtype bfloat16 --exact --remeasure
-echo "device_check: batched decoding" >&2
-$PY bench/batching.py --device $DEVICE --dtype bfloat16 --exact $BATCHING
+# The bench steps run one after another in one Python process (each script as __main__, as if started alone):
+# an interpreter start with torch and transformers, and on a GPU a CUDA context, cost seconds each, on the
+# device's clock.
+$PY - <<PY
+import runpy, sys
+sys.path.insert(0, "bench")  # the scripts import their siblings, as when started from bench/
+steps = [
+    ("verify cost, embedded target", "verify_cost.py --model embedded --device $DEVICE --dtype bfloat16 --pieces $PIECES --context $CONTEXT --repeats $REPEATS"),
+    ("verify cost, SDAR-8B-shaped", "verify_cost.py --model sdar-8b $SDAR --device $DEVICE --dtype bfloat16 --pieces $PIECES --context $CONTEXT --repeats $REPEATS"),
+    ("verify cost, LLaDA2.0-mini-shaped", "verify_cost.py --model llada2-mini $LLADA2 --device $DEVICE --dtype bfloat16 --pieces $PIECES --context $CONTEXT --repeats $REPEATS"),
+    ("exactness of the two layouts", "verify_exactness.py --device $DEVICE --dtype bfloat16 $EXACTNESS"),
+    ("budget=auto's inputs", "auto_cost.py --device $DEVICE --dtype bfloat16 --exact --remeasure"),
+    ("batched decoding", "batching.py --device $DEVICE --dtype bfloat16 --exact $BATCHING"),
+]
+for title, command in steps:
+    print(f"device_check: {title}", file=sys.stderr, flush=True)
+    script, *args = command.split()
+    sys.argv = [f"bench/{script}", *args]
+    runpy.run_path(f"bench/{script}", run_name="__main__")
+    sys.stdout.flush()
+PY
 echo "device_check: the four-task benchmark" >&2
 RUN=$(mktemp -d)
 trap 'rm -rf "$RUN"' EXIT

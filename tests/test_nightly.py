@@ -24,7 +24,7 @@ ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 def suite_file(path: Path, methods: str) -> Path:
     path.write_text(
         f'name = "test"\nexperiment = "nightly-test"\ntasks = ["spot_gsm8k"]\ninclude_path = "{REPO / "tasks"}"\n'
-        f'limit = 2\nmethods = "{methods}"\ntemperatures = [0.0]\nseeds = [0]\ngen_length = 64\n'
+        f'limit = 2\nmethods = "{methods}"\ntemperatures = [0.0]\nseeds = [0]\ngen_length = 32\n'
         'model_args = "device=cpu"\n[tolerances]\nthroughput_drop = 0.9\nforward_rise = 0.0\n'
     )
     return path
@@ -53,7 +53,7 @@ def test_nightly_passes_a_rerun_and_flags_a_degraded_drafter(tmp_path, capsys, m
     page = (report / "report.html").read_text()
     assert "data:image/png;base64," in page and 'class="dataframe table2"' in page and "<h2>Verdict</h2>" in page
     tokens = [json.loads(line)["tokens"] for line in (report / "runs" / "T0-seed0" / "samples.jsonl").open()]
-    assert tokens and max(tokens) <= 64  # the suite's gen_length caps the task's own max_gen_toks (256)
+    assert tokens and max(tokens) <= 32  # the suite's gen_length caps the task's own max_gen_toks (256)
 
     again = nightly(tmp_path, good, "d2", capsys=capsys)
     assert again.returncode == 0, again.stderr[-3000:]
