@@ -40,11 +40,10 @@ steps = [
     ("batched decoding", "batching.py --device $DEVICE --dtype bfloat16 --exact $BATCHING"),
 ]
 for title, command in steps:
-    print(f"device_check: {title}", file=sys.stderr, flush=True)
+    print(f"device_check: {title}", file=sys.stderr)
     script, *args = command.split()
     sys.argv = [f"bench/{script}", *args]
     runpy.run_path(f"bench/{script}", run_name="__main__")
-    sys.stdout.flush()
 PY
 echo "device_check: the four-task benchmark" >&2
 RUN=$(mktemp -d)
