@@ -12,6 +12,7 @@ import sys
 import time
 import urllib.request
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -110,9 +111,53 @@ def run_cli(capsys, *args: str) -> SimpleNamespace:
     stdout and stderr, as subprocess.run would give them."""
     from spot_eval.cli import main
 
+    return _as_a_process(capsys, lambda: main(list(args)))
+
+
+LM_EVAL = str(Path(sys.executable).with_name("lm_eval"))
+
+
+def run_lm_eval_here(capsys, *args: str, cwd: Path, env: dict[str, str] | None = None) -> SimpleNamespace:
+    """`lm_eval ARGS` in this process, as the console script runs it: the start-up hook of the installed .pth
+    (registration.cli_startup: `spot` registered, lm-eval's task index cached, our errors as one `error:` line),
+    then lm-eval's entry point (lm_eval.__main__.cli_evaluate); an uncaught exception goes to the hook that the
+    start-up installed, as in a fresh process. Its exit status, stdout and stderr, as subprocess.run gives them.
+
+    A fresh `lm_eval` spends ~6 s of CPU importing torch, transformers, lm-eval and MLflow, which this process has
+    paid: tests about the evaluation run it here, and the tests about the process (the console script, `python -m
+    lm_eval`, accelerate, signals, a fresh HF_HOME or offline start) start the real command."""
+    import lm_eval.utils
+    from lm_eval.__main__ import cli_evaluate
+
+    from spot_eval.harness import registration
+
+    def main() -> None:
+        registration.cli_startup()
+        try:
+            cli_evaluate()
+        except Exception:
+            sys.excepthook(*sys.exc_info())  # ours: one `error:` line and exit 2; any other: the traceback
+            raise SystemExit(1) from None
+
+    lm_eval_log = logging.getLogger("lm_eval")
+    kept = (lm_eval_log.handlers[:], lm_eval_log.level, lm_eval_log.propagate)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(cwd)
+        patch.setattr(sys, "argv", [LM_EVAL, *args])
+        patch.setattr(sys, "excepthook", sys.__excepthook__)
+        patch.setattr(lm_eval.utils, "_LOGGING_CONFIGURED", False)  # its handler writes to this run's stderr
+        for name, value in (env or {}).items():
+            patch.setenv(name, value)
+        try:
+            return _as_a_process(capsys, main)
+        finally:
+            lm_eval_log.handlers[:], lm_eval_log.level, lm_eval_log.propagate = kept
+
+
+def _as_a_process(capsys, main: Callable[[], None]) -> SimpleNamespace:
+    """main() with what a fresh process would print on stderr: every warning, and WARNING log records (logging's
+    last resort), which pytest otherwise keeps for its own report. Its exit status, stdout and stderr."""
     capsys.readouterr()
-    # What a fresh process would print on stderr: every warning, and WARNING log records (logging's last resort),
-    # which pytest otherwise keeps for its own report.
     handler = logging.StreamHandler(sys.stderr)
     handler.setLevel(logging.WARNING)
     logging.getLogger().addHandler(handler)
@@ -122,15 +167,30 @@ def run_cli(capsys, *args: str) -> SimpleNamespace:
             warnings.simplefilter("default")
             warnings.showwarning = lambda message, category, filename, lineno, file=None, line=None: print(
                 warnings.formatwarning(message, category, filename, lineno, line), end="", file=sys.stderr)
-            main(list(args))
+            main()
         code = 0
     except SystemExit as exit_:
-        code = exit_.code or 0
+        if isinstance(exit_.code, str):  # sys.exit("message"): printed, status 1
+            print(exit_.code, file=sys.stderr)
+        code = exit_.code if isinstance(exit_.code, int) else 0 if exit_.code is None else 1
     finally:
         logging.getLogger().removeHandler(handler)
         warnings.formatwarning = formatwarning
     out = capsys.readouterr()
     return SimpleNamespace(returncode=code, stdout=out.out, stderr=out.err)
+
+
+def own_cache_home(tmp_path: Path) -> Path:
+    """An XDG_CACHE_HOME of the test's own (budget=auto's device profiles start empty) in which lm-eval's task index
+    (spot_eval.harness.task_index) is the one every other run reads: indexing lm-eval's library again costs ~7 s."""
+    from spot_eval.harness import task_index
+
+    shared = task_index.cache_dir()
+    shared.mkdir(parents=True, exist_ok=True)
+    home = tmp_path / "cache"
+    (home / "spot-eval").mkdir(parents=True)
+    (home / "spot-eval" / shared.name).symlink_to(shared, target_is_directory=True)
+    return home
 
 
 def free_port() -> int:
@@ -222,10 +282,8 @@ def server(tmp_path_factory: pytest.TempPathFactory):
     server.stop()
 
 
-def lm_eval_spot(checkpoint: Path, uri: str, cwd: Path) -> subprocess.CompletedProcess:
+def lm_eval_spot(capsys, checkpoint: Path, uri: str, cwd: Path) -> SimpleNamespace:
     """`lm_eval --model spot` on two spot_gsm8k documents (draft-free and oracle@4, on the CPU), logging to `uri`."""
     args = f"pretrained={checkpoint},methods=oracle,budgets=4,gen_length=32,device=cpu,mlflow_tracking_uri={uri}"
-    command = [str(Path(sys.executable).with_name("lm_eval")), "--model", "spot", "--model_args", args,
-               "--tasks", "spot_gsm8k", "--include_path", str(ROOT / "tasks"), "--limit", "2"]  # fmt: skip
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-    return subprocess.run(command, capture_output=True, text=True, env=env, cwd=cwd, timeout=600)
+    return run_lm_eval_here(capsys, "--model", "spot", "--model_args", args, "--tasks", "spot_gsm8k",
+                            "--include_path", str(ROOT / "tasks"), "--limit", "2", cwd=cwd)

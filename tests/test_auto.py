@@ -5,14 +5,11 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import run_cli, tiny_qwen3, write_checkpoint
+from conftest import own_cache_home, run_cli, run_lm_eval_here, tiny_qwen3, write_checkpoint
 from mlflow import MlflowClient
 
 from spot.cost import measure_verify, probe_contexts
@@ -161,19 +158,17 @@ def test_decode_budget_auto_and_the_profile_command(tmp_path, capsys, monkeypatc
 
 
 @pytest.mark.slow
-def test_lm_eval_runs_spot_at_auto(tmp_path):
-    """The real console script: spot@auto is lossless, its tree sizes and the profile are recorded, and
+def test_lm_eval_runs_spot_at_auto(tmp_path, capsys):
+    """lm_eval --model spot: spot@auto is lossless, its tree sizes and the profile are recorded, and
     MLflow holds them."""
     checkpoint = write_checkpoint(tmp_path / "ckpt")
     drafter = tmp_path / "spot.pt"
     torch.manual_seed(0)
     save_checkpoint(drafter, OrderModel(), target_fingerprint(load_target(checkpoint, None), "single"), {},
                     reach=ReachCalibration((1,), (ReachMap((-2.0, 0.0), (0.3, 0.95)),), (0.9, 0.8, 0.7, 0.6)))
-    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-    lm_eval = Path(sys.executable).parent / "lm_eval"
     args = f"pretrained={checkpoint},methods=spot@auto:{drafter},max_budget=6,gen_length=32,device=cpu,output_dir={tmp_path / 'run'}"
-    run = subprocess.run([str(lm_eval), "--model", "spot", "--model_args", args, "--tasks", "spot_gsm8k", "--include_path",
-                          str(REPO / "tasks"), "--limit", "2"], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
+    run = run_lm_eval_here(capsys, "--model", "spot", "--model_args", args, "--tasks", "spot_gsm8k", "--include_path",
+                           str(REPO / "tasks"), "--limit", "2", cwd=tmp_path, env={"XDG_CACHE_HOME": str(own_cache_home(tmp_path))})
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.stderr.count("measuring the verify cost") == 1
     samples = [json.loads(line) for line in (tmp_path / "run" / "samples.jsonl").open()]

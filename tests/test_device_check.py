@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import own_cache_home
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -18,7 +19,7 @@ REPO = Path(__file__).resolve().parent.parent
 @pytest.mark.slow
 def test_the_dry_run_reports_every_figure_as_one_json_line(tmp_path):
     env = {**os.environ, "PYTHON": sys.executable, "LM_EVAL": str(Path(sys.executable).parent / "lm_eval"),
-           "XDG_CACHE_HOME": str(tmp_path / "cache")}
+           "XDG_CACHE_HOME": str(own_cache_home(tmp_path))}
     run = subprocess.run(["bash", str(REPO / "bench" / "device_check.sh"), "--dry-run"], capture_output=True, text=True,
                          env=env, cwd=REPO, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]

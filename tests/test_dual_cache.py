@@ -259,8 +259,8 @@ def test_the_cache_option_belongs_to_bidirectional_targets(tmp_path):
 
 
 @pytest.mark.slow
-def test_lm_eval_runs_a_llada_directory(tmp_path):
-    lm_eval_runs_losslessly(write_llada(tmp_path / "llada", tiny_llada(seed=6)), tmp_path)
+def test_lm_eval_runs_a_llada_directory(tmp_path, capsys):
+    lm_eval_runs_losslessly(capsys, write_llada(tmp_path / "llada", tiny_llada(seed=6)), tmp_path)
 
 
 @pytest.mark.parametrize("name", ["sdar", *TARGETS])

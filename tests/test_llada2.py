@@ -198,5 +198,5 @@ def test_the_training_commands_and_decode_work_on_a_llada2_directory(tmp_path, c
 
 
 @pytest.mark.slow
-def test_lm_eval_runs_a_llada2_directory(tmp_path):
-    lm_eval_runs_losslessly(write_llada2(tmp_path / "llada2", tiny_llada2(seed=6)), tmp_path)
+def test_lm_eval_runs_a_llada2_directory(tmp_path, capsys):
+    lm_eval_runs_losslessly(capsys, write_llada2(tmp_path / "llada2", tiny_llada2(seed=6)), tmp_path)

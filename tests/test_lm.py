@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import write_checkpoint
+from conftest import run_lm_eval_here, write_checkpoint
 from lm_eval.api.instance import Instance
 from mlflow import MlflowClient
 
@@ -86,10 +86,10 @@ def run_lm_eval(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run([lm_eval, *args], capture_output=True, text=True, env=OFFLINE, cwd=cwd, timeout=600)
 
 
-def lm_eval_runs_losslessly(pretrained: Path, tmp_path: Path) -> None:
-    """The real `lm_eval --model spot` on spot_gsm8k --limit 2 with two drafters: every sample lossless."""
+def lm_eval_runs_losslessly(capsys, pretrained: Path, tmp_path: Path) -> None:
+    """`lm_eval --model spot` on spot_gsm8k --limit 2 with two drafters: every sample lossless."""
     args = f"pretrained={pretrained},methods=oracle+random,budgets=4,gen_length=32,device=cpu,threads=1"
-    run = run_lm_eval("--model", "spot", "--model_args", args, "--tasks", "spot_gsm8k", "--include_path", str(REPO / "tasks"),
+    run = run_lm_eval_here(capsys, "--model", "spot", "--model_args", args, "--tasks", "spot_gsm8k", "--include_path", str(REPO / "tasks"),
                       "--limit", "2", "--output_path", str(tmp_path / "out"), cwd=tmp_path)
     assert run.returncode == 0, run.stderr[-3000:]
     results = json.loads(next((tmp_path / "out").rglob("results_*.json")).read_text())
@@ -99,15 +99,15 @@ def lm_eval_runs_losslessly(pretrained: Path, tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_use_cache_resumes_and_refuses_another_decoder_config(checkpoint, tmp_path):
+def test_use_cache_resumes_and_refuses_another_decoder_config(checkpoint, tmp_path, capsys):
     common = ["--model", "spot", "--tasks", "spot_gsm8k", "--include_path", str(REPO / "tasks"), "--limit", "2",
               "--use_cache", str(tmp_path / "cache")]
     args = f"pretrained={checkpoint},methods=,budgets=,gen_length=32,device=cpu"
-    first = run_lm_eval(*common, "--model_args", args, cwd=tmp_path)
+    first = run_lm_eval_here(capsys, *common, "--model_args", args, cwd=tmp_path)
     assert first.returncode == 0, first.stderr[-2000:]
-    again = run_lm_eval(*common, "--model_args", args, cwd=tmp_path)
+    again = run_lm_eval_here(capsys, *common, "--model_args", args, cwd=tmp_path)
     assert again.returncode == 0 and "Cached requests: 2" in again.stderr
-    other = run_lm_eval(*common, "--model_args", args + ",block_length=32", cwd=tmp_path)
+    other = run_lm_eval_here(capsys, *common, "--model_args", args + ",block_length=32", cwd=tmp_path)
     assert other.returncode == 2 and "written under other settings (block_length: 16 there, 32 here); use a separate --use_cache path" in other.stderr
 
 
@@ -125,13 +125,9 @@ def test_code_tasks_need_the_unsafe_code_flag_before_the_model_loads(tmp_path):
 
 
 @pytest.mark.slow
-def test_bad_model_args_are_one_clear_line(checkpoint, tmp_path):
-    lm_eval = shutil.which("lm_eval", path=str(Path(os.sys.executable).parent))
-    run = subprocess.run(
-        [lm_eval, "--model", "spot", "--model_args", f"pretrained={checkpoint},methods=nope,device=cpu",
-         "--tasks", "spot_gsm8k", "--include_path", str(REPO / "tasks"), "--limit", "1"],
-        capture_output=True, text=True, env=OFFLINE, cwd=tmp_path, timeout=300,
-    )
+def test_bad_model_args_are_one_clear_line(checkpoint, tmp_path, capsys):
+    run = run_lm_eval_here(capsys, "--model", "spot", "--model_args", f"pretrained={checkpoint},methods=nope,device=cpu",
+                           "--tasks", "spot_gsm8k", "--include_path", str(REPO / "tasks"), "--limit", "1", cwd=tmp_path)
     assert run.returncode == 2
     assert "error: unknown method 'nope'" in run.stderr and "Traceback" not in run.stderr
 

@@ -38,10 +38,10 @@ def column(metric: str) -> str:
 
 @pytest.mark.xdist_group("mlflow_server")
 @pytest.mark.slow
-def test_the_printed_link_opens_the_runs_table_with_the_headline_columns(server, tmp_path):
+def test_the_printed_link_opens_the_runs_table_with_the_headline_columns(server, tmp_path, capsys):
     executable = chromium()
     sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install '.[dev]')")
-    run = lm_eval_spot(write_checkpoint(tmp_path / "ckpt"), server.uri, tmp_path)
+    run = lm_eval_spot(capsys, write_checkpoint(tmp_path / "ckpt"), server.uri, tmp_path)
     assert run.returncode == 0, run.stderr[-2000:]
     link = re.search(r"; its runs table: (\S+)$", run.stdout, re.MULTILINE)
     assert link, run.stdout[-2000:]

@@ -18,10 +18,11 @@ import subprocess
 import sys
 import uuid
 from pathlib import Path
+from types import SimpleNamespace
 
 import evaluate
 import pytest
-from conftest import write_checkpoint
+from conftest import run_lm_eval_here, write_checkpoint
 
 from spot_eval.data import datasets
 from spot_eval.execution import CODE_EXEC_METRIC
@@ -214,21 +215,21 @@ def test_io_uring_cannot_reach_a_unix_socket_outside(tmp_path):
             listener.accept()  # nobody connected from inside
 
 
-def _lm_eval(tmp_path: Path, run: str) -> subprocess.CompletedProcess:
+def _lm_eval(capsys, tmp_path: Path, run: str) -> SimpleNamespace:
+    """`lm_eval --model spot --tasks spot_mbpp`, the secret in its environment (this process's: the sandbox's
+    children must not see it)."""
     args = f"pretrained={tmp_path / 'ckpt'},methods=,budgets=,device=cpu,output_dir={tmp_path / run}"
-    return subprocess.run(
-        [str(Path(sys.executable).parent / "lm_eval"), "--model", "spot", "--model_args", args, "--tasks", "spot_mbpp",
-         "--include_path", str(PROJECT / "tasks"), "--limit", "3", "--use_cache", str(tmp_path / "cache"),
-         "--confirm_run_unsafe_code", "--log_samples", "--output_path", str(tmp_path / run / "lm_eval"),
-         "--gen_kwargs", "max_gen_toks=16"],
-        capture_output=True, text=True, cwd=tmp_path, timeout=600,
-        env={**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "SPOT_SANDBOX_SECRET": SECRET},
+    return run_lm_eval_here(
+        capsys, "--model", "spot", "--model_args", args, "--tasks", "spot_mbpp", "--include_path", str(PROJECT / "tasks"),
+        "--limit", "3", "--use_cache", str(tmp_path / "cache"), "--confirm_run_unsafe_code", "--log_samples",
+        "--output_path", str(tmp_path / run / "lm_eval"), "--gen_kwargs", "max_gen_toks=16",
+        cwd=tmp_path, env={"SPOT_SANDBOX_SECRET": SECRET},
     )
 
 
 @pytest.mark.slow
-def test_hostile_answers_through_lm_eval_score_zero_and_the_run_completes(tmp_path):
-    """The real `lm_eval --model spot --tasks spot_mbpp` path. A first run fills lm-eval's cache; the cached answers
+def test_hostile_answers_through_lm_eval_score_zero_and_the_run_completes(tmp_path, capsys):
+    """The `lm_eval --model spot --tasks spot_mbpp` path. A first run fills lm-eval's cache; the cached answers
     are then replaced (as a model could have written them): an always-equal object, a program that reads a
     secret file and /etc/shadow, fills the disk and sends what it read to a unix socket outside through io_uring,
     and the reference solution. The rerun scores the three: 1/3, the harness alive, nothing leaked."""
@@ -236,7 +237,7 @@ def test_hostile_answers_through_lm_eval_score_zero_and_the_run_completes(tmp_pa
     from sqlitedict import SqliteDict
 
     write_checkpoint(tmp_path / "ckpt")
-    first = _lm_eval(tmp_path, "first")
+    first = _lm_eval(capsys, tmp_path, "first")
     assert first.returncode == 0, first.stderr[-3000:]
     [log] = (tmp_path / "first" / "lm_eval").rglob("samples_spot_mbpp_*.jsonl")
     samples = [json.loads(line) for line in log.open()]
@@ -262,7 +263,7 @@ def test_hostile_answers_through_lm_eval_score_zero_and_the_run_completes(tmp_pa
         listener.bind(str(path))
         listener.listen(4)
         listener.settimeout(0.5)
-        again = _lm_eval(tmp_path, "again")
+        again = _lm_eval(capsys, tmp_path, "again")
         assert again.returncode == 0, again.stderr[-3000:]
         with pytest.raises(TimeoutError):
             listener.accept()

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import VOCAB, tiny_qwen3, tiny_target, write_checkpoint
-from test_lm import REPO, run_lm_eval
+from conftest import VOCAB, run_lm_eval_here, tiny_qwen3, tiny_target, write_checkpoint
+from test_lm import REPO
 
 from spot import DecodeConfig, Sampling, generate
 from spot.drafters.order_examples import RecordedBlock
@@ -167,10 +167,10 @@ def test_collect_train_sets_decode_and_calibrate_for_another_target(tmp_path, ca
 
     reference = decode(first, "--method", "draft_free")
     assert decode(first, "--method", "sets", "--drafter", model, "--budget", "8")["token_ids"] == reference["token_ids"]
-    # the real lm_eval console script: the set model at budget 8 under threshold decoding, with cross-block pieces
+    # lm_eval: the set model at budget 8 under threshold decoding, with cross-block pieces
     args = (f"pretrained={first},methods=sets@8:{model},budgets=,unmasking=threshold,threshold=0.5,cross_block=True,"
             "gen_length=32,device=cpu,threads=1")
-    run = run_lm_eval("--model", "spot", "--model_args", args, "--tasks", "spot_gsm8k", "--include_path", str(REPO / "tasks"),
+    run = run_lm_eval_here(capsys, "--model", "spot", "--model_args", args, "--tasks", "spot_gsm8k", "--include_path", str(REPO / "tasks"),
                       "--limit", "2", "--output_path", str(tmp_path / "out"), cwd=tmp_path)
     assert run.returncode == 0, run.stderr[-3000:]
     samples = [json.loads(line) for line in next(tmp_path.glob("spot-eval-runs/*/samples.jsonl")).open()]

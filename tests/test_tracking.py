@@ -342,9 +342,9 @@ def _check_spot_run(client: MlflowClient, cwd: Path) -> None:
 
 @pytest.mark.xdist_group("mlflow_server")
 @pytest.mark.slow
-def test_lm_eval_logs_a_whole_evaluation_to_a_real_server(server, tmp_path):
+def test_lm_eval_logs_a_whole_evaluation_to_a_real_server(server, tmp_path, capsys):
     checkpoint = write_checkpoint(tmp_path / "ckpt")
-    run = lm_eval_spot(checkpoint, server.uri, tmp_path)
+    run = lm_eval_spot(capsys, checkpoint, server.uri, tmp_path)
     assert run.returncode == 0, run.stderr[-2000:]
     _check_spot_run(MlflowClient(tracking_uri=server.uri), tmp_path)
     # The link it prints opens the runs table with the saved view (tests/test_mlflow_ui.py opens it in a browser).
@@ -355,11 +355,11 @@ def test_lm_eval_logs_a_whole_evaluation_to_a_real_server(server, tmp_path):
 
 
 @pytest.mark.slow
-def test_lm_eval_with_the_server_down_spools_and_sync_uploads(tmp_path):
+def test_lm_eval_with_the_server_down_spools_and_sync_uploads(tmp_path, capsys):
     checkpoint = write_checkpoint(tmp_path / "ckpt")
     down = Server(tmp_path / "late")
     (tmp_path / "late").mkdir()
-    run = lm_eval_spot(checkpoint, down.uri, tmp_path)
+    run = lm_eval_spot(capsys, checkpoint, down.uri, tmp_path)
     assert run.returncode == 0, run.stderr[-2000:]
     assert "spot-eval sync" in run.stderr  # the one-line warning says how to recover
     spool = tmp_path / "spot-eval-spool"
