@@ -146,8 +146,8 @@ def run_lm_eval_here(capsys, *args: str, cwd: Path, env: dict[str, str] | None =
         patch.setattr(sys, "argv", [LM_EVAL, *args])
         patch.setattr(sys, "excepthook", sys.__excepthook__)
         patch.setattr(lm_eval.utils, "_LOGGING_CONFIGURED", False)  # its handler writes to this run's stderr
-        for name, value in (env or {}).items():
-            patch.setenv(name, value)
+        for name, value in {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", **(env or {})}.items():
+            patch.setenv(name, value)  # what the commands the tests start are given
         try:
             return _as_a_process(capsys, main)
         finally:
@@ -170,9 +170,11 @@ def _as_a_process(capsys, main: Callable[[], None]) -> SimpleNamespace:
             main()
         code = 0
     except SystemExit as exit_:
-        if isinstance(exit_.code, str):  # sys.exit("message"): printed, status 1
+        if exit_.code is None or isinstance(exit_.code, int):
+            code = exit_.code or 0
+        else:  # sys.exit("message"): printed, status 1
             print(exit_.code, file=sys.stderr)
-        code = exit_.code if isinstance(exit_.code, int) else 0 if exit_.code is None else 1
+            code = 1
     finally:
         logging.getLogger().removeHandler(handler)
         warnings.formatwarning = formatwarning

@@ -89,8 +89,8 @@ def run_lm_eval(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 def lm_eval_runs_losslessly(capsys, pretrained: Path, tmp_path: Path) -> None:
     """`lm_eval --model spot` on spot_gsm8k --limit 2 with two drafters: every sample lossless."""
     args = f"pretrained={pretrained},methods=oracle+random,budgets=4,gen_length=32,device=cpu,threads=1"
-    run = run_lm_eval_here(capsys, "--model", "spot", "--model_args", args, "--tasks", "spot_gsm8k", "--include_path", str(REPO / "tasks"),
-                      "--limit", "2", "--output_path", str(tmp_path / "out"), cwd=tmp_path)
+    run = run_lm_eval_here(capsys, "--model", "spot", "--model_args", args, "--tasks", "spot_gsm8k", "--include_path",
+                           str(REPO / "tasks"), "--limit", "2", "--output_path", str(tmp_path / "out"), cwd=tmp_path)
     assert run.returncode == 0, run.stderr[-3000:]
     results = json.loads(next((tmp_path / "out").rglob("results_*.json")).read_text())
     assert "exact_match,strict-match" in results["results"]["spot_gsm8k"]
