@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -9,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 import warnings
@@ -193,6 +195,26 @@ def own_cache_home(tmp_path: Path) -> Path:
     (home / "spot-eval").mkdir(parents=True)
     (home / "spot-eval" / shared.name).symlink_to(shared, target_is_directory=True)
     return home
+
+
+@functools.cache
+def _migrated_store() -> bytes:
+    """An MLflow sqlite store as MLflow leaves it after first contact (tables created, migrations run), made once
+    per test process."""
+    from mlflow import MlflowClient
+
+    with tempfile.TemporaryDirectory() as folder:
+        MlflowClient(f"sqlite:///{folder}/mlflow.db").search_experiments()
+        return (Path(folder) / "mlflow.db").read_bytes()
+
+
+def existing_store(folder: Path) -> str:
+    """`folder`/mlflow.db as a store that exists already, as on a user's second run; its URI. MLflow creates and
+    migrates a fresh sqlite store on first contact (~1.7 s of CPU), which some 50 evaluations of a test run would
+    otherwise each pay. tests/test_tracking.py opens fresh stores, the default one among them."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "mlflow.db").write_bytes(_migrated_store())
+    return f"sqlite:///{folder / 'mlflow.db'}"
 
 
 def free_port() -> int:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import own_cache_home, run_cli, run_lm_eval_here, tiny_qwen3, write_checkpoint
+from conftest import existing_store, own_cache_home, run_cli, run_lm_eval_here, tiny_qwen3, write_checkpoint
 from mlflow import MlflowClient
 
 from spot.cost import measure_verify, probe_contexts
@@ -162,6 +162,7 @@ def test_lm_eval_runs_spot_at_auto(tmp_path, capsys):
     """lm_eval --model spot: spot@auto is lossless, its tree sizes and the profile are recorded, and
     MLflow holds them."""
     checkpoint = write_checkpoint(tmp_path / "ckpt")
+    existing_store(tmp_path)  # the run's default store, ./mlflow.db
     drafter = tmp_path / "spot.pt"
     torch.manual_seed(0)
     save_checkpoint(drafter, OrderModel(), target_fingerprint(load_target(checkpoint, None), "single"), {},

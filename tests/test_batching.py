@@ -13,7 +13,7 @@ from dataclasses import replace
 
 import pytest
 import torch
-from conftest import tiny_qwen3, tiny_qwen3_moe, write_checkpoint
+from conftest import existing_store, tiny_qwen3, tiny_qwen3_moe, write_checkpoint
 from test_dual_cache import tiny_dream, tiny_llada
 from test_llada2 import tiny_llada2
 from test_lm import REPO, run_lm_eval
@@ -222,8 +222,7 @@ def test_lm_eval_at_batch_size_4_gives_what_batch_size_1_gives(tmp_path):
     runs = {}
     for size in (1, 4):
         cwd = tmp_path / f"b{size}"
-        cwd.mkdir()
-        run = run_lm_eval("--model", "spot", "--model_args", f"{args},mlflow_tracking_uri=sqlite:///{cwd}/mlflow.db",
+        run = run_lm_eval("--model", "spot", "--model_args", f"{args},mlflow_tracking_uri={existing_store(cwd)}",
                           "--tasks", "spot_gsm8k", "--include_path", str(REPO / "tasks"), "--limit", "4",
                           "--gen_kwargs", "max_gen_toks=32", "--batch_size", str(size), "--output_path", str(cwd / "out"), "--log_samples", cwd=cwd)
         assert run.returncode == 0, run.stderr[-3000:]

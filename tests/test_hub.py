@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import write_checkpoint
+from conftest import existing_store, write_checkpoint
 from test_sdar_target import hub_cache
 
 REPO = Path(__file__).resolve().parent.parent
@@ -23,6 +23,7 @@ def offline(home: Path) -> dict:
 
 @pytest.mark.slow
 def test_lm_eval_runs_a_cached_hub_id_offline_and_names_the_fetch_for_an_uncached_one(tmp_path):
+    existing_store(tmp_path)  # the run's default store, ./mlflow.db
     repo = hub_cache(tmp_path / "hf", "JetLM/SDAR-tiny-b16", write_checkpoint(tmp_path / "src"))
     lm_eval = shutil.which("lm_eval", path=str(Path(sys.executable).parent))
     common = ["--tasks", "spot_gsm8k", "--include_path", str(REPO / "tasks"), "--limit", "2"]

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import run_cli
+from conftest import existing_store, run_cli
 
 from spot_eval.data.hub_cache import (
     HUB_DATASETS,
@@ -72,6 +72,7 @@ def test_the_command_says_what_it_wrote(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_lm_eval_runs_its_own_task_names_offline_in_a_fresh_hf_home(tmp_path):
+    existing_store(tmp_path)  # the run's default store, ./mlflow.db
     env = {**os.environ, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
     env.pop("HF_DATASETS_CACHE", None)
     cached = subprocess.run([str(BIN / "spot-eval"), "cache-datasets"], capture_output=True, text=True, env=env, cwd=tmp_path,
@@ -134,6 +135,7 @@ def test_upstream_humaneval_scores_in_the_sandbox(tmp_path):
            "HF_EVALUATE_OFFLINE": "1", "HF_ALLOW_CODE_EVAL": "1"}
     for variable in ("HF_MODULES_CACHE", "HF_DATASETS_CACHE"):
         env.pop(variable, None)
+    existing_store(tmp_path)  # the run's default store, ./mlflow.db
     cached = subprocess.run([str(BIN / "spot-eval"), "cache-datasets"], capture_output=True, text=True, env=env, timeout=300)
     assert cached.returncode == 0 and "SANDBOXED code_eval" in cached.stdout, cached.stderr[-2000:]
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import run_lm_eval_here, write_checkpoint
+from conftest import existing_store, run_lm_eval_here, write_checkpoint
 from lm_eval.api.instance import Instance
 from mlflow import MlflowClient
 
@@ -41,6 +41,7 @@ def checkpoint(tmp_path_factory) -> str:
 
 @pytest.mark.slow
 def test_the_real_lm_eval_console_script_runs_spot(checkpoint, tmp_path):
+    existing_store(tmp_path)  # the run's default store, ./mlflow.db
     lm_eval = shutil.which("lm_eval", path=str(Path(os.sys.executable).parent))
     args = f"pretrained={checkpoint},methods=oracle+random,budgets=4,gen_length=32,device=cpu,temperature=1.0"
     run = subprocess.run(
@@ -89,6 +90,7 @@ def run_lm_eval(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 def lm_eval_runs_losslessly(capsys, pretrained: Path, tmp_path: Path) -> None:
     """`lm_eval --model spot` on spot_gsm8k --limit 2 with two drafters: every sample lossless."""
     args = f"pretrained={pretrained},methods=oracle+random,budgets=4,gen_length=32,device=cpu,threads=1"
+    existing_store(tmp_path)  # the run's default store, ./mlflow.db
     run = run_lm_eval_here(capsys, "--model", "spot", "--model_args", args, "--tasks", "spot_gsm8k", "--include_path",
                            str(REPO / "tasks"), "--limit", "2", "--output_path", str(tmp_path / "out"), cwd=tmp_path)
     assert run.returncode == 0, run.stderr[-3000:]
@@ -103,6 +105,7 @@ def test_use_cache_resumes_and_refuses_another_decoder_config(checkpoint, tmp_pa
     common = ["--model", "spot", "--tasks", "spot_gsm8k", "--include_path", str(REPO / "tasks"), "--limit", "2",
               "--use_cache", str(tmp_path / "cache")]
     args = f"pretrained={checkpoint},methods=,budgets=,gen_length=32,device=cpu"
+    existing_store(tmp_path)  # the run's default store, ./mlflow.db
     first = run_lm_eval_here(capsys, *common, "--model_args", args, cwd=tmp_path)
     assert first.returncode == 0, first.stderr[-2000:]
     again = run_lm_eval_here(capsys, *common, "--model_args", args, cwd=tmp_path)

@@ -10,7 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from conftest import run_cli
+from conftest import existing_store, run_cli
 from mlflow import MlflowClient
 
 from spot_eval.checkpoints.drafter import load_checkpoint, save_checkpoint
@@ -43,6 +43,7 @@ def nightly(tmp_path: Path, suite: Path, date: str, *extra: str, capsys=None):
 @pytest.mark.slow
 def test_nightly_passes_a_rerun_and_flags_a_degraded_drafter(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
+    existing_store(tmp_path)  # the store every nightly below logs to
     good = suite_file(tmp_path / "good.toml", "spot@8")
     first = nightly(tmp_path, good, "d1")
     assert first.returncode == 0, first.stderr[-3000:]

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import free_port, run_cli, write_checkpoint
+from conftest import existing_store, free_port, run_cli, write_checkpoint
 from lm_eval.api.instance import Instance
 from mlflow import MlflowClient
 
@@ -84,7 +84,7 @@ def lm_eval_run(launcher: list[str], out: Path, run: str = "run", *extra: str, m
 def test_two_processes_give_the_one_process_evaluation(tmp_path, capsys, monkeypatch):
     """Three documents a task on two ranks: lm-eval pads the second rank with a copy of its last request."""
     one, two = tmp_path / "one", tmp_path / "two"
-    one.mkdir(), two.mkdir()
+    existing_store(one), existing_store(two)  # each run's default store, ./mlflow.db
     single = lm_eval_run([str(BIN / "lm_eval")], one)
     assert single.returncode == 0, single.stderr[-3000:]
     # On a machine without GPUs accelerate 1.x's --cpu starts one process; --multi_gpu starts two (gloo).
@@ -141,7 +141,7 @@ def test_nightly_runs_its_evaluations_on_two_processes(tmp_path):
         'methods = "spot@8"\ntemperatures = [0.0]\nseeds = [0]\ngen_length = 32\nmodel_args = "device=cpu"\n'
     )
     run = subprocess.run([sys.executable, "-m", "spot_eval.cli", "nightly", "--suite", str(suite), "--out", str(tmp_path / "out"),
-                          "--date", "d", "--num-processes", "2", "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}"],
+                          "--date", "d", "--num-processes", "2", "--tracking-uri", existing_store(tmp_path)],
                          capture_output=True, text=True, env=OFFLINE, cwd=tmp_path, timeout=900)
     assert run.returncode == 0, run.stderr[-3000:]
     assert "accelerate launch --multi_gpu --num_processes 2 -m lm_eval" in run.stderr

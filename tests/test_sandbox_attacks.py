@@ -22,7 +22,7 @@ from types import SimpleNamespace
 
 import evaluate
 import pytest
-from conftest import run_lm_eval_here, write_checkpoint
+from conftest import existing_store, run_lm_eval_here, write_checkpoint
 
 from spot_eval.data import datasets
 from spot_eval.execution import CODE_EXEC_METRIC
@@ -237,6 +237,7 @@ def test_hostile_answers_through_lm_eval_score_zero_and_the_run_completes(tmp_pa
     from sqlitedict import SqliteDict
 
     write_checkpoint(tmp_path / "ckpt")
+    existing_store(tmp_path)  # the run's default store, ./mlflow.db
     first = _lm_eval(capsys, tmp_path, "first")
     assert first.returncode == 0, first.stderr[-3000:]
     [log] = (tmp_path / "first" / "lm_eval").rglob("samples_spot_mbpp_*.jsonl")

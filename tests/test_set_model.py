@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import VOCAB, run_lm_eval_here, tiny_qwen3, tiny_target, write_checkpoint
+from conftest import VOCAB, existing_store, run_lm_eval_here, tiny_qwen3, tiny_target, write_checkpoint
 from test_lm import REPO
 
 from spot import DecodeConfig, Sampling, generate
@@ -168,6 +168,7 @@ def test_collect_train_sets_decode_and_calibrate_for_another_target(tmp_path, ca
     reference = decode(first, "--method", "draft_free")
     assert decode(first, "--method", "sets", "--drafter", model, "--budget", "8")["token_ids"] == reference["token_ids"]
     # lm_eval: the set model at budget 8 under threshold decoding, with cross-block pieces
+    existing_store(tmp_path)  # the run's default store, ./mlflow.db
     args = (f"pretrained={first},methods=sets@8:{model},budgets=,unmasking=threshold,threshold=0.5,cross_block=True,"
             "gen_length=32,device=cpu,threads=1")
     run = run_lm_eval_here(capsys, "--model", "spot", "--model_args", args, "--tasks", "spot_gsm8k", "--include_path",

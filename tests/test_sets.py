@@ -10,7 +10,7 @@ from dataclasses import replace
 
 import pytest
 import torch
-from conftest import VOCAB, tiny_target, write_checkpoint
+from conftest import VOCAB, existing_store, tiny_target, write_checkpoint
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_lm import make_lm, request
@@ -179,7 +179,7 @@ def test_fit_sets_and_the_sets_method_through_the_cli(tmp_path, capsys):
     assert decoded["sets"]["forwards"] <= decoded["draft_free"]["forwards"]
     # lm_eval's model: methods=sets@8 under unmasking=threshold, every request checked against draft-free
     lm = make_lm(path, methods=f"sets@8:{sets}", budgets="", unmasking="threshold", threshold=0.5,
-                 output_dir=str(tmp_path / "run"), mlflow_tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
+                 output_dir=str(tmp_path / "run"), mlflow_tracking_uri=existing_store(tmp_path))
     assert len(lm.generate_until([request("t1 t2 t3", 0), request("t4 t5", 1)])) == 2
     samples = [json.loads(line) for line in (tmp_path / "run" / "samples.jsonl").open()]
     assert {s["label"] for s in samples} == {"draft_free", "sets@8"} and all(s["lossless"] for s in samples)

@@ -38,7 +38,7 @@ LIMIT = 3
 
 
 # One worker runs the module (pytest-xdist --dist loadgroup), so its upstream evaluation runs once.
-pytestmark = pytest.mark.xdist_group("upstream_tasks")
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("upstream_tasks")]
 
 
 @pytest.fixture(scope="module")
@@ -57,9 +57,6 @@ def tasks(tmp_path_factory) -> dict:
                          capture_output=True, text=True, env=env, cwd=tmp, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     return json.loads(run.stdout.splitlines()[-1])
-
-
-pytestmark = pytest.mark.slow
 
 
 @pytest.mark.parametrize("upstream", PAIRS)

