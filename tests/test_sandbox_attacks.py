@@ -139,7 +139,7 @@ def test_each_attack_gets_upstreams_verdict_and_leaves_no_trace(code, verdict):
 
 
 def test_through_the_code_metric_the_cheats_score_zero_and_the_evaluation_goes_on():
-    """The path the code tasks take (tasks/execution.py -> the code_exec metric -> the sandbox)."""
+    """The code_exec metric: the sandboxed pass@k the code tasks score with (tasks/execution.py), for evaluate's users."""
     metric = evaluate.load(str(CODE_EXEC_METRIC))
     cheats = [code for name, code, verdict in CASES if verdict != "passed" and "loop" not in name]
     scores = metric.compute(predictions=[[code] for code in cheats] + [[RIGHT]], references=[TESTS] * (len(cheats) + 1))

@@ -26,6 +26,8 @@ from lm_eval.tasks._yaml_loader import load_yaml
 from lm_eval.tasks.minerva_math import utils as minerva
 
 from spot_eval.data import datasets as vendored
+from spot_eval.execution.pass_at_k import pass_at_k, sandboxed_pass_at_k
+from spot_eval.execution.sandbox import Limits
 
 REPO = Path(__file__).resolve().parents[1]
 TASKS = REPO / "tasks"
@@ -241,20 +243,24 @@ def test_extract_code(response: str, code: str) -> None:
 
 
 def test_pass_at_k_is_the_unbiased_estimator() -> None:
-    spec = importlib.util.spec_from_file_location("code_exec", execution.CODE_EXEC_METRIC / "code_exec.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
     for n in range(1, 7):
         for c, k in itertools.product(range(n + 1), range(1, n + 1)):
             subsets = list(itertools.combinations([True] * c + [False] * (n - c), k))
-            assert module.pass_at_k(n, c, k) == pytest.approx(sum(map(any, subsets)) / len(subsets))
+            assert pass_at_k(n, c, k) == pytest.approx(sum(map(any, subsets)) / len(subsets))
+
+
+def test_the_code_tasks_score_without_importing_evaluate() -> None:
+    """Importing `evaluate` costs ~5 s of CPU, on every rank of an `lm_eval` run with a code task."""
+    check = f"import sys; sys.path.insert(0, {str(TASKS)!r}); import execution; assert 'evaluate' not in sys.modules"
+    done = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
 
 
 def _humaneval_pass(problems: list[dict], responses: list[str]) -> list[bool]:
-    """Our scoring: the task's filter, then the code_exec metric over all problems at once."""
+    """Our scoring: the task's filter, then the sandboxed pass@k the task scores with, over all problems at once."""
     candidates = execution.humaneval_candidates([[r] for r in responses], problems)
     tests = [execution.humaneval_tests(p) for p in problems]
-    outcomes = execution._code_exec().compute(predictions=candidates, references=tests)["outcomes"]
+    _, outcomes = sandboxed_pass_at_k(candidates, tests, [1], Limits.timeout_s, execution.WORKERS)
     return [o[0].passed for o in outcomes]
 
 
@@ -299,7 +305,7 @@ def test_humaneval_chat_answers_with_whole_functions_pass(humaneval: list[dict])
 def _mbpp_pass(docs: list[dict], responses: list[str]) -> list[bool]:
     candidates = execution.mbpp_candidates([[r] for r in responses], docs)
     tests = [execution.mbpp_tests(d) for d in docs]
-    outcomes = execution._code_exec().compute(predictions=candidates, references=tests)["outcomes"]
+    _, outcomes = sandboxed_pass_at_k(candidates, tests, [1], Limits.timeout_s, execution.WORKERS)
     return [o[0].passed for o in outcomes]
 
 
@@ -364,7 +370,7 @@ def test_every_task_runs_end_to_end_with_the_dummy_model(task_manager: TaskManag
 @pytest.mark.slow
 def test_lm_eval_cli_runs_offline(tmp_path: Path) -> None:
     """The real console script in a fresh process, strictly offline, with an empty HF cache: all four tasks
-    (the code tasks load the code_exec metric from its folder, so this also proves it needs no hub)."""
+    (the code tasks score in the sandbox without `evaluate`, so this also proves scoring needs no hub)."""
     cli = Path(sys.executable).with_name("lm_eval")
     argv = [str(cli), "--model", "dummy", "--tasks", "spot_all", "--include_path", "tasks", "--limit", "2"]
     env = {**os.environ, **OFFLINE_ENV, "HF_HOME": str(tmp_path / "hf")}

@@ -13,7 +13,8 @@ from collections.abc import Sequence
 
 import evaluate
 
-from spot_eval.execution.code_exec.code_exec import PROGRAMS, sandboxed_pass_at_k
+from spot_eval.execution.code_exec.code_exec import PROGRAMS
+from spot_eval.execution.pass_at_k import sandboxed_pass_at_k
 
 _DESCRIPTION = """code_eval's interface (predictions: candidates per problem; references: each problem's test code;
 k; num_workers; timeout), every candidate run with its tests in spot-eval's sandbox."""

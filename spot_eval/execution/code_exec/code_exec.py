@@ -8,14 +8,13 @@ process, and no HF_ALLOW_CODE_EVAL switch is involved.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
-from statistics import fmean
 
 import datasets
 import evaluate
 
-from spot_eval.execution.sandbox import Limits, SandboxError, confinement, run_many
+from spot_eval.execution.pass_at_k import sandboxed_pass_at_k
+from spot_eval.execution.sandbox import Limits
 
 _DESCRIPTION = """Runs every candidate program followed by its problem's test code in a sandboxed subprocess,
 and estimates pass@k with the unbiased estimator 1 - C(n-c, k) / C(n, k) of Chen et al. (2021), where n is the
@@ -46,14 +45,6 @@ Returns:
 PROGRAMS = datasets.Features({"predictions": datasets.Sequence(datasets.Value("string")), "references": datasets.Value("string")})
 
 
-def pass_at_k(n: int, c: int, k: int) -> float:
-    """The unbiased pass@k estimate for one problem with n candidates of which c passed (Chen et al. 2021,
-    eq. 1). Exact integer binomials, so it is also exact for large n."""
-    if n - c < k:
-        return 1.0
-    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
-
-
 @evaluate.utils.file_utils.add_start_docstrings(_DESCRIPTION, _INPUTS)
 class CodeExec(evaluate.Metric):
     def _info(self) -> evaluate.MetricInfo:
@@ -75,23 +66,3 @@ class CodeExec(evaluate.Metric):
     ) -> dict:
         scores, outcomes = sandboxed_pass_at_k(predictions, references, k, timeout_s, workers)
         return {**scores, "outcomes": outcomes}
-
-
-def sandboxed_pass_at_k(predictions: list[list[str]], references: list[str], k: Sequence[int], timeout_s: float,
-                        workers: int) -> tuple[dict[str, float], list[list]]:
-    """({"pass@k": mean over problems}, per problem the sandbox Outcome of each candidate). A k larger than some
-    problem's candidate count is left out. Shared with the code_eval that lm-eval's own tasks load
-    (spot_eval/execution/code_eval)."""
-    try:
-        confinement()  # refuse, with the reason, where nothing can be confined; once per process
-    except SandboxError as err:
-        raise ValueError(str(err)) from None
-    # Each candidate runs, then its problem's tests in a namespace of their own, with assertions that an object
-    # the candidate returns cannot decide (spot_eval.execution.assertions).
-    pairs = [(candidate, test) for candidates, test in zip(predictions, references, strict=True) for candidate in candidates]
-    flat = iter(run_many([c for c, _ in pairs], Limits(timeout_s=timeout_s), workers, tests=[t for _, t in pairs]))
-    outcomes = [[next(flat) for _ in candidates] for candidates in predictions]
-    counts = [(len(problem), sum(o.passed for o in problem)) for problem in outcomes]  # (n, c) per problem
-    ks = [k] if isinstance(k, int) else k
-    scores = {f"pass@{k_}": fmean(pass_at_k(n, c, k_) for n, c in counts) for k_ in ks if all(n >= k_ for n, _ in counts)}
-    return scores, outcomes

@@ -1,0 +1,42 @@
+"""pass@k of generated programs, each run with its problem's tests in the sandbox (spot_eval.execution.sandbox).
+
+Plain functions, without `evaluate`: importing `evaluate` costs ~5 s of CPU (it imports transformers' pipelines),
+which every process of an `lm_eval` run that scores spot_mbpp or spot_humaneval would pay before its first
+request. The metrics (code_exec/, code_eval/) wrap the same functions for `evaluate.load` users.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from statistics import fmean
+
+from spot_eval.execution.sandbox import Limits, SandboxError, confinement, run_many
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """The unbiased pass@k estimate for one problem with n candidates of which c passed (Chen et al. 2021,
+    eq. 1). Exact integer binomials, so it is also exact for large n."""
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def sandboxed_pass_at_k(predictions: list[list[str]], references: list[str], k: Sequence[int], timeout_s: float,
+                        workers: int) -> tuple[dict[str, float], list[list]]:
+    """({"pass@k": mean over problems}, per problem the sandbox Outcome of each candidate). A k larger than some
+    problem's candidate count is left out. What the code tasks score with (tasks/execution.py), and what both
+    metrics compute: code_exec, and the code_eval that lm-eval's own tasks load (spot_eval/execution/code_eval)."""
+    try:
+        confinement()  # refuse, with the reason, where nothing can be confined; once per process
+    except SandboxError as err:
+        raise ValueError(str(err)) from None
+    # Each candidate runs, then its problem's tests in a namespace of their own, with assertions that an object
+    # the candidate returns cannot decide (spot_eval.execution.assertions).
+    pairs = [(candidate, test) for candidates, test in zip(predictions, references, strict=True) for candidate in candidates]
+    flat = iter(run_many([c for c, _ in pairs], Limits(timeout_s=timeout_s), workers, tests=[t for _, t in pairs]))
+    outcomes = [[next(flat) for _ in candidates] for candidates in predictions]
+    counts = [(len(problem), sum(o.passed for o in problem)) for problem in outcomes]  # (n, c) per problem
+    ks = [k] if isinstance(k, int) else k
+    scores = {f"pass@{k_}": fmean(pass_at_k(n, c, k_) for n, c in counts) for k_ in ks if all(n >= k_ for n, _ in counts)}
+    return scores, outcomes
