@@ -12,9 +12,6 @@ from __future__ import annotations
 import re
 
 from spot_eval.execution.pass_at_k import sandboxed_pass_at_k
-from spot_eval.execution.sandbox import Limits
-
-WORKERS = 2  # a problem's candidates (lm-eval's repeats) that run at once, as the code_exec metric runs them
 
 # The first fenced block; its closing fence may be missing when generation stopped at max_gen_toks.
 _FENCED_BLOCK = re.compile(r"```[^\n`]*\n(.*?)(?:```|\Z)", re.DOTALL)
@@ -58,5 +55,5 @@ def mbpp_pass_at_1(doc: dict, results: list[list[str]]) -> dict[str, float]:
 
 def pass_at_1(candidates: list[str], tests: str) -> float:
     """Mean pass rate of one problem's candidates (pass@1 with n = len(candidates))."""
-    scores, _ = sandboxed_pass_at_k([candidates], [tests], [1], Limits.timeout_s, workers=WORKERS)
+    scores, _ = sandboxed_pass_at_k([candidates], [tests], [1])
     return scores["pass@1"]

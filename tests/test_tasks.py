@@ -27,7 +27,6 @@ from lm_eval.tasks.minerva_math import utils as minerva
 
 from spot_eval.data import datasets as vendored
 from spot_eval.execution.pass_at_k import pass_at_k, sandboxed_pass_at_k
-from spot_eval.execution.sandbox import Limits
 
 REPO = Path(__file__).resolve().parents[1]
 TASKS = REPO / "tasks"
@@ -260,7 +259,7 @@ def _humaneval_pass(problems: list[dict], responses: list[str]) -> list[bool]:
     """Our scoring: the task's filter, then the sandboxed pass@k the task scores with, over all problems at once."""
     candidates = execution.humaneval_candidates([[r] for r in responses], problems)
     tests = [execution.humaneval_tests(p) for p in problems]
-    _, outcomes = sandboxed_pass_at_k(candidates, tests, [1], Limits.timeout_s, execution.WORKERS)
+    _, outcomes = sandboxed_pass_at_k(candidates, tests, [1])
     return [o[0].passed for o in outcomes]
 
 
@@ -305,7 +304,7 @@ def test_humaneval_chat_answers_with_whole_functions_pass(humaneval: list[dict])
 def _mbpp_pass(docs: list[dict], responses: list[str]) -> list[bool]:
     candidates = execution.mbpp_candidates([[r] for r in responses], docs)
     tests = [execution.mbpp_tests(d) for d in docs]
-    _, outcomes = sandboxed_pass_at_k(candidates, tests, [1], Limits.timeout_s, execution.WORKERS)
+    _, outcomes = sandboxed_pass_at_k(candidates, tests, [1])
     return [o[0].passed for o in outcomes]
 
 

@@ -13,6 +13,8 @@ from statistics import fmean
 
 from spot_eval.execution.sandbox import Limits, SandboxError, confinement, run_many
 
+WORKERS = 2  # candidates that run at once unless the caller says otherwise
+
 
 def pass_at_k(n: int, c: int, k: int) -> float:
     """The unbiased pass@k estimate for one problem with n candidates of which c passed (Chen et al. 2021,
@@ -22,8 +24,8 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - math.comb(n - c, k) / math.comb(n, k)
 
 
-def sandboxed_pass_at_k(predictions: list[list[str]], references: list[str], k: Sequence[int], timeout_s: float,
-                        workers: int) -> tuple[dict[str, float], list[list]]:
+def sandboxed_pass_at_k(predictions: list[list[str]], references: list[str], k: Sequence[int],
+                        timeout_s: float = Limits.timeout_s, workers: int = WORKERS) -> tuple[dict[str, float], list[list]]:
     """({"pass@k": mean over problems}, per problem the sandbox Outcome of each candidate). A k larger than some
     problem's candidate count is left out. What the code tasks score with (tasks/execution.py), and what both
     metrics compute: code_exec, and the code_eval that lm-eval's own tasks load (spot_eval/execution/code_eval)."""

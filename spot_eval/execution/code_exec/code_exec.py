@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import datasets
 import evaluate
 
-from spot_eval.execution.pass_at_k import sandboxed_pass_at_k
+from spot_eval.execution.pass_at_k import WORKERS, sandboxed_pass_at_k
 from spot_eval.execution.sandbox import Limits
 
 _DESCRIPTION = """Runs every candidate program followed by its problem's test code in a sandboxed subprocess,
@@ -62,7 +62,7 @@ class CodeExec(evaluate.Metric):
         references: list[str],
         k: Sequence[int] = (1,),
         timeout_s: float = Limits.timeout_s,
-        workers: int = 2,
+        workers: int = WORKERS,
     ) -> dict:
         scores, outcomes = sandboxed_pass_at_k(predictions, references, k, timeout_s, workers)
         return {**scores, "outcomes": outcomes}
