@@ -9,17 +9,15 @@ import os
 import signal
 import sqlite3
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import existing_store, write_checkpoint
+from conftest import LM_EVAL, existing_store, write_checkpoint
 from mlflow import MlflowClient
 
 REPO = Path(__file__).resolve().parent.parent
-LM_EVAL = str(Path(sys.executable).parent / "lm_eval")
 LIMIT = 6
 
 
