@@ -8,12 +8,13 @@ temperature, policy and drafter, and at the level of a single forward's logits i
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import replace
 
 import pytest
 import torch
-from conftest import existing_store, tiny_qwen3, tiny_qwen3_moe, write_checkpoint
+from conftest import existing_store, run_lm_eval_here, tiny_qwen3, tiny_qwen3_moe, write_checkpoint
 from test_dual_cache import tiny_dream, tiny_llada
 from test_llada2 import tiny_llada2
 from test_lm import REPO, run_lm_eval
@@ -214,17 +215,18 @@ def test_a_requests_logits_in_a_batched_forward_are_its_own_forwards_bit_for_bit
 
 
 @pytest.mark.slow
-def test_lm_eval_at_batch_size_4_gives_what_batch_size_1_gives(tmp_path):
+def test_lm_eval_at_batch_size_4_gives_what_batch_size_1_gives(tmp_path, capsys):
     """The real `lm_eval --model spot --batch_size 4` against `--batch_size 1` (SPOT, SPOT-Sets and Spiffy on the
     embedded target, exact): the same responses, forward counts per request and scores; batch 4 checked its
-    draft-free tokens against batch 1's (no batch divergence) and says its batch size in run.json and MLflow."""
+    draft-free tokens against batch 1's (no batch divergence) and says its batch size in run.json and MLflow.
+    Batch 1, the reference, runs in this process; batch 4 is the real command."""
     args = "methods=spot@8+sets@8+spiffy@3,unmasking=threshold,exact=true,device=cpu,threads=1"
     runs = {}
-    for size in (1, 4):
+    for size, launch in ((1, functools.partial(run_lm_eval_here, capsys)), (4, run_lm_eval)):
         cwd = tmp_path / f"b{size}"
-        run = run_lm_eval("--model", "spot", "--model_args", f"{args},mlflow_tracking_uri={existing_store(cwd)}",
-                          "--tasks", "spot_gsm8k", "--include_path", str(REPO / "tasks"), "--limit", "4",
-                          "--gen_kwargs", "max_gen_toks=32", "--batch_size", str(size), "--output_path", str(cwd / "out"), "--log_samples", cwd=cwd)
+        run = launch("--model", "spot", "--model_args", f"{args},mlflow_tracking_uri={existing_store(cwd)}",
+                     "--tasks", "spot_gsm8k", "--include_path", str(REPO / "tasks"), "--limit", "4",
+                     "--gen_kwargs", "max_gen_toks=32", "--batch_size", str(size), "--output_path", str(cwd / "out"), "--log_samples", cwd=cwd)
         assert run.returncode == 0, run.stderr[-3000:]
         run_dir = next(cwd.glob("spot-eval-runs/*"))
         samples = [json.loads(line) for line in (run_dir / "samples.jsonl").open()]

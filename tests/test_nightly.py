@@ -45,20 +45,27 @@ def test_nightly_passes_a_rerun_and_flags_a_degraded_drafter(tmp_path, capsys, m
     monkeypatch.chdir(tmp_path)
     existing_store(tmp_path)  # the store every nightly below logs to
     good = suite_file(tmp_path / "good.toml", "spot@8")
-    first = nightly(tmp_path, good, "d1")
+    # The first night on two processes (data parallel: accelerate launch, one MLflow run), the second on one.
+    first = nightly(tmp_path, good, "d1", "--num-processes", "2")
     assert first.returncode == 0, first.stderr[-3000:]
     assert first.stdout.startswith("PASS") and "no earlier passing nightly" in first.stdout
+    assert "accelerate launch --multi_gpu --num_processes 2 -m lm_eval" in first.stderr
     report = tmp_path / "reports" / "d1"
     assert {"report.md", "report.html", "nightly.json", "throughput_ratio.png", "accepted_lengths.png"} <= {
         p.name for p in report.iterdir()}
     page = (report / "report.html").read_text()
     assert "data:image/png;base64," in page and 'class="dataframe table2"' in page and "<h2>Verdict</h2>" in page
-    tokens = [json.loads(line)["tokens"] for line in (report / "runs" / "T0-seed0" / "samples.jsonl").open()]
-    assert tokens and max(tokens) <= 32  # the suite's gen_length caps the task's own max_gen_toks (256)
+    assert json.loads((report / "runs" / "T0-seed0" / "run.json").read_text())["world_size"] == 2
+    samples = [json.loads(line) for line in (report / "runs" / "T0-seed0" / "samples.jsonl").open()]
+    assert sorted((s["doc_id"], s["label"]) for s in samples) == [(d, m) for d in (0, 1) for m in ("draft_free", "spot@8")]
+    assert max(s["tokens"] for s in samples) <= 32  # the suite's gen_length caps the task's own max_gen_toks (256)
 
+    # One process decodes what two did: the same forwards and throughput inputs, so the verdict is a pass.
     again = nightly(tmp_path, good, "d2", capsys=capsys)
     assert again.returncode == 0, again.stderr[-3000:]
     assert again.stdout.startswith("PASS") and "against the baseline (nightly run" in again.stdout
+    one = [json.loads(line) for line in (tmp_path / "reports" / "d2" / "runs" / "T0-seed0" / "samples.jsonl").open()]
+    assert {(s["doc_id"], s["label"]): s["token_ids"] for s in one} == {(s["doc_id"], s["label"]): s["token_ids"] for s in samples}
     assert "trend.png" in {p.name for p in (tmp_path / "reports" / "d2").iterdir()}
 
     # The same method and label with a drafter whose order model is negated: it drafts the least likely orders.

@@ -1,6 +1,6 @@
 """Data parallel under `accelerate launch`: the same evaluation on two processes as on one (tokens, forward
 counts, accuracy), one MLflow run, each request once although lm-eval pads the shorter rank; and the
-start-up registration under `python -m lm_eval` and an editable install."""
+start-up registration's rule for `python -m lm_eval` (tests/test_tasks.py runs it) and an editable install."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import existing_store, free_port, run_cli, write_checkpoint
+from conftest import existing_store, free_port, run_cli, run_lm_eval_here, write_checkpoint
 from lm_eval.api.instance import Instance
 from mlflow import MlflowClient
 
@@ -70,14 +70,16 @@ def failure(stderr: str) -> str:
     return "\n".join(lines[errors[0]:errors[0] + 60] if errors else []) + "\n...\n" + stderr[-2000:]
 
 
-def lm_eval_run(launcher: list[str], out: Path, run: str = "run", *extra: str, model_args: str = "") -> subprocess.CompletedProcess:
+def lm_eval_args(out: Path, run: str = "run", *extra: str, model_args: str = "") -> list[str]:
     args = f"device=cpu,gen_length=32,methods=spot+spiffy@3,output_dir={out / run}{model_args}"
-    return subprocess.run(
-        [*launcher, "--model", "spot", "--model_args", args, "--tasks", "spot_gsm8k,spot_mbpp", "--limit", "3",
-         "--include_path", str(REPO / "tasks"), "--apply_chat_template", "--confirm_run_unsafe_code",
-         "--log_samples", "--output_path", str(out / "lm_eval"), "--gen_kwargs", "max_gen_toks=32", *extra],
-        capture_output=True, text=True, env=OFFLINE, cwd=out, timeout=900,
-    )
+    return ["--model", "spot", "--model_args", args, "--tasks", "spot_gsm8k,spot_mbpp", "--limit", "3",
+            "--include_path", str(REPO / "tasks"), "--apply_chat_template", "--confirm_run_unsafe_code",
+            "--log_samples", "--output_path", str(out / "lm_eval"), "--gen_kwargs", "max_gen_toks=32", *extra]
+
+
+def lm_eval_run(launcher: list[str], out: Path, run: str = "run", *extra: str, model_args: str = "") -> subprocess.CompletedProcess:
+    return subprocess.run([*launcher, *lm_eval_args(out, run, *extra, model_args=model_args)],
+                          capture_output=True, text=True, env=OFFLINE, cwd=out, timeout=900)
 
 
 @pytest.mark.slow
@@ -85,7 +87,7 @@ def test_two_processes_give_the_one_process_evaluation(tmp_path, capsys, monkeyp
     """Three documents a task on two ranks: lm-eval pads the second rank with a copy of its last request."""
     one, two = tmp_path / "one", tmp_path / "two"
     existing_store(one), existing_store(two)  # each run's default store, ./mlflow.db
-    single = lm_eval_run([str(BIN / "lm_eval")], one)
+    single = run_lm_eval_here(capsys, *lm_eval_args(one), cwd=one)  # the reference, in this process
     assert single.returncode == 0, single.stderr[-3000:]
     # On a machine without GPUs accelerate 1.x's --cpu starts one process; --multi_gpu starts two (gloo).
     launch = [str(BIN / "accelerate"), "launch", "--multi_gpu", "--num_processes", "2",
@@ -134,24 +136,6 @@ def test_two_processes_give_the_one_process_evaluation(tmp_path, capsys, monkeyp
 
 
 @pytest.mark.slow
-def test_nightly_runs_its_evaluations_on_two_processes(tmp_path):
-    suite = tmp_path / "suite.toml"
-    suite.write_text(
-        f'name = "dp"\nexperiment = "dp"\ntasks = ["spot_gsm8k"]\ninclude_path = "{REPO / "tasks"}"\nlimit = 3\n'
-        'methods = "spot@8"\ntemperatures = [0.0]\nseeds = [0]\ngen_length = 32\nmodel_args = "device=cpu"\n'
-    )
-    run = subprocess.run([sys.executable, "-m", "spot_eval.cli", "nightly", "--suite", str(suite), "--out", str(tmp_path / "out"),
-                          "--date", "d", "--num-processes", "2", "--tracking-uri", existing_store(tmp_path)],
-                         capture_output=True, text=True, env=OFFLINE, cwd=tmp_path, timeout=900)
-    assert run.returncode == 0, run.stderr[-3000:]
-    assert "accelerate launch --multi_gpu --num_processes 2 -m lm_eval" in run.stderr
-    runs = pd.read_json(next((tmp_path / "out" / "d" / "runs").glob("*/run.json")), typ="series")
-    assert runs["world_size"] == 2
-    samples = pd.read_json(next((tmp_path / "out" / "d" / "runs").glob("*/samples.jsonl")), lines=True)
-    assert len(samples) == 3 * 2 and not samples.duplicated(["task", "doc_id", "label"]).any()
-
-
-@pytest.mark.slow
 def test_an_editable_install_carries_the_start_up_line(tmp_path):
     """pip install -e . builds the editable wheel with setuptools' PEP 660 hook; ours adds the .pth."""
     build = subprocess.run([sys.executable, "-c", f"import setuptools.build_meta as b; print(b.build_editable({str(tmp_path)!r}))"],
@@ -161,13 +145,3 @@ def test_an_editable_install_carries_the_start_up_line(tmp_path):
     with zipfile.ZipFile(wheel) as z:
         line = z.read("spot_eval_lm_eval.pth").decode()
     assert line == "import spot_eval.harness.registration; spot_eval.harness.registration.at_startup()\n"
-
-
-@pytest.mark.slow
-def test_python_dash_m_lm_eval_knows_spot(tmp_path):
-    run = subprocess.run([sys.executable, "-m", "lm_eval", "--model", "spot", "--model_args",
-                          f"pretrained={write_checkpoint(tmp_path / 'ckpt')},device=cpu,methods=,budgets=,gen_length=20",
-                          "--tasks", "spot_gsm8k", "--include_path", str(REPO / "tasks"), "--limit", "1"],
-                         capture_output=True, text=True, env=OFFLINE, cwd=tmp_path, timeout=300)
-    assert run.returncode == 0, run.stderr[-3000:]
-    assert "draft_free" in run.stdout

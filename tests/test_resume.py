@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import LM_EVAL, existing_store, write_checkpoint
+from conftest import LM_EVAL, existing_store, run_lm_eval_here, write_checkpoint
 from mlflow import MlflowClient
 
 REPO = Path(__file__).resolve().parent.parent
@@ -65,7 +65,7 @@ def uninterrupted(tmp_path_factory) -> tuple[Path, Path]:
 @pytest.mark.xdist_group("resume")  # one worker runs the uninterrupted reference once
 @pytest.mark.slow
 @pytest.mark.parametrize("stop", [signal.SIGKILL, signal.SIGINT], ids=["SIGKILL", "SIGINT"])
-def test_a_run_interrupted_midway_reruns_into_the_whole_run(uninterrupted, stop, tmp_path):
+def test_a_run_interrupted_midway_reruns_into_the_whole_run(uninterrupted, stop, tmp_path, capsys):
     checkpoint, whole = uninterrupted
     uri, cache = existing_store(tmp_path), tmp_path / "cache"
     args = command(checkpoint, tmp_path, cache, uri)
@@ -106,8 +106,9 @@ def test_a_run_interrupted_midway_reruns_into_the_whole_run(uninterrupted, stop,
     assert {c.info.run_name: c.data.metrics["spot_gsm8k/requests"] for c in children} == {"draft_free": LIMIT, "random@4": LIMIT}
     assert not client.search_runs([experiment], "attributes.status = 'RUNNING'")
 
-    if stop == signal.SIGKILL:  # once more: every request cached, nothing decoded, the whole run written again
-        third = run(args, tmp_path)
+    if stop == signal.SIGKILL:  # once more (in this process): every request cached, nothing decoded, the whole run written again
+        third = run_lm_eval_here(capsys, *args[1:], cwd=tmp_path)
+        assert third.returncode == 0, third.stderr[-3000:]
         assert f"Cached requests: {LIMIT}" in third.stderr
         assert samples(tmp_path)["token_ids"].equals(expected["token_ids"]) and samples(tmp_path).resumed.all()
         assert json.loads((tmp_path / "run" / "run.json").read_text())["resumed_requests"] == LIMIT
