@@ -70,24 +70,6 @@ def test_the_command_says_what_it_wrote(tmp_path, capsys):
     assert second.stdout.count("already there, the same rows:") == 4
 
 
-@pytest.mark.slow
-def test_lm_eval_runs_its_own_task_names_offline_in_a_fresh_hf_home(tmp_path):
-    existing_store(tmp_path)  # the run's default store, ./mlflow.db
-    env = {**os.environ, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-    env.pop("HF_DATASETS_CACHE", None)
-    cached = subprocess.run([str(BIN / "spot-eval"), "cache-datasets"], capture_output=True, text=True, env=env, cwd=tmp_path,
-                            timeout=300)
-    assert cached.returncode == 0, cached.stderr[-2000:]
-    assert str(tmp_path / "hf" / "datasets") in cached.stdout
-    run = subprocess.run(
-        [str(BIN / "lm_eval"), "--model", "spot", "--model_args", "methods=spot@8,device=cpu,gen_length=32",
-         "--tasks", "gsm8k,minerva_math500", "--limit", "1", "--gen_kwargs", "max_gen_toks=32"],
-        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
-    assert run.returncode == 0, run.stderr[-3000:]
-    table = run.stdout
-    assert "|gsm8k" in table.replace(" ", "") and "minerva_math500" in table and "exact_match" in table
-
-
 @pytest.mark.slow  # a fresh interpreter in a fresh HF_HOME
 def test_evaluates_code_eval_is_the_sandboxed_one_with_code_evals_interface_and_consent(tmp_path):
     """In a fresh HF_HOME with the hub offline, `evaluate.load("code_eval")` loads spot-eval's: code_eval's
@@ -122,10 +104,11 @@ def test_evaluates_code_eval_is_the_sandboxed_one_with_code_evals_interface_and_
 
 
 @pytest.mark.slow
-def test_upstream_humaneval_scores_in_the_sandbox(tmp_path):
-    """lm-eval's own `humaneval` through `lm_eval --model spot`: a first run fills lm-eval's cache, then its answers
-    are replaced by the canonical solution and an always-equal object (which fools the hub's code_eval). The
-    sandbox decides both: pass@1 = 1/2."""
+def test_lm_eval_runs_its_own_task_names_offline_in_a_fresh_hf_home_and_humaneval_scores_in_the_sandbox(tmp_path):
+    """lm-eval's own `gsm8k`, `minerva_math500` and `humaneval` through `lm_eval --model spot`, offline, in a fresh
+    HF_HOME that `spot-eval cache-datasets` filled. That first run also fills lm-eval's cache; then the humaneval
+    answers in it are replaced by the canonical solution and an always-equal object (which fools the hub's
+    code_eval), and the same command again is scored from the cache: the sandbox decides both, pass@1 = 1/2."""
     from lm_eval.api.model import hash_args
     from sqlitedict import SqliteDict
 
@@ -136,18 +119,23 @@ def test_upstream_humaneval_scores_in_the_sandbox(tmp_path):
     for variable in ("HF_MODULES_CACHE", "HF_DATASETS_CACHE"):
         env.pop(variable, None)
     existing_store(tmp_path)  # the run's default store, ./mlflow.db
-    cached = subprocess.run([str(BIN / "spot-eval"), "cache-datasets"], capture_output=True, text=True, env=env, timeout=300)
+    cached = subprocess.run([str(BIN / "spot-eval"), "cache-datasets"], capture_output=True, text=True, env=env, cwd=tmp_path,
+                            timeout=300)
     assert cached.returncode == 0 and "SANDBOXED code_eval" in cached.stdout, cached.stderr[-2000:]
+    assert str(tmp_path / "hf" / "datasets") in cached.stdout
 
     def lm_eval(run: str) -> subprocess.CompletedProcess:
         return subprocess.run(
-            [str(BIN / "lm_eval"), "--model", "spot", "--model_args", f"methods=,budgets=,device=cpu,gen_length=32,output_dir={tmp_path / run}",
-             "--tasks", "humaneval", "--limit", "2", "--use_cache", str(tmp_path / "cache"), "--confirm_run_unsafe_code",
-             "--log_samples", "--output_path", str(tmp_path / run / "lm_eval"), "--gen_kwargs", "max_gen_toks=32"],
+            [str(BIN / "lm_eval"), "--model", "spot", "--model_args", f"methods=spot@8,device=cpu,gen_length=32,output_dir={tmp_path / run}",
+             "--tasks", "gsm8k,minerva_math500,humaneval", "--limit", "2", "--use_cache", str(tmp_path / "cache"),
+             "--confirm_run_unsafe_code", "--log_samples", "--output_path", str(tmp_path / run / "lm_eval"),
+             "--gen_kwargs", "max_gen_toks=32"],
             capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
 
     first = lm_eval("first")
     assert first.returncode == 0, first.stderr[-3000:]
+    table = first.stdout
+    assert "|gsm8k" in table.replace(" ", "") and "minerva_math500" in table and "exact_match" in table
     [log] = (tmp_path / "first" / "lm_eval").rglob("samples_humaneval_*.jsonl")
     samples = sorted((json.loads(line) for line in log.open()), key=lambda s: s["doc_id"])
     humaneval = {d["task_id"]: d for d in load("humaneval_test")}
