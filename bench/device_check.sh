@@ -19,7 +19,7 @@ PY=${PYTHON:-python}
 LM_EVAL=${LM_EVAL:-lm_eval}
 if [ "${1:-}" = "--dry-run" ]; then
   DEVICE=cpu PIECES=1+2+3 SDAR="--layers 1 --width-divisor 32" LLADA2="--layers 2 --width-divisor 32" CONTEXT=64 REPEATS=1
-  EXACTNESS="--prompts 1 --gen 32 --pieces 2 --repeats 1" LIMIT=1 MAX_GEN=32 BATCHING="--prompts 2 --gen 32 --sizes 1+2 --repeats 1"
+  EXACTNESS="--prompts 1 --gen 32 --pieces 2 --repeats 1" LIMIT=1 MAX_GEN=16 BATCHING="--prompts 2 --gen 16 --sizes 1+2 --repeats 1"
 else
   DEVICE=cuda PIECES=1+2+3+4+5+7+9+11+13+15+17+19+21 SDAR="--layers 12" LLADA2="--layers 6" CONTEXT=512 REPEATS=9
   EXACTNESS="--prompts 8 --gen 128 --pieces 2+9+21" LIMIT=10 MAX_GEN=256 BATCHING="--prompts 8 --gen 128 --sizes 1+2+4+8 --repeats 1"
