@@ -49,27 +49,31 @@ import contextlib
 import ctypes
 import functools
 import json
-import math
 import os
 import resource
 import runpy
-import secrets
-import signal
-import subprocess
 import sys
-import tempfile
-from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import BinaryIO, Literal
+from typing import TYPE_CHECKING, Literal
 
 if __name__ == "__main__":  # the child: its sibling modules by path, before any confinement (no site-packages)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import assertions
     import syscalls
-else:
+else:  # the parent side's modules, which the child (started once a program) does not import
+    import math
+    import secrets
+    import signal
+    import subprocess
+    import tempfile
+    from concurrent.futures import ThreadPoolExecutor
+
     from spot_eval.execution import assertions, syscalls
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from typing import BinaryIO
 
 Status = Literal["passed", "failed", "timeout", "error"]
 
