@@ -25,32 +25,22 @@ else
   EXACTNESS="--prompts 8 --gen 128 --pieces 2+9+21" LIMIT=10 MAX_GEN=256 BATCHING="--prompts 8 --gen 128 --sizes 1+2+4+8 --repeats 1"
 fi
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 PYTHONUNBUFFERED=1
-# The bench steps run one after another in one Python process (each script as __main__, as if started alone):
-# an interpreter start with torch and transformers, and on a GPU a CUDA context, cost seconds each, on the
-# device's clock.
-$PY - <<PY
-import runpy, sys
-sys.path.insert(0, "bench")  # the scripts import their siblings, as when started from bench/
-steps = [
-    ("verify cost, embedded target", "verify_cost.py --model embedded --device $DEVICE --dtype bfloat16 --pieces $PIECES --context $CONTEXT --repeats $REPEATS"),
-    ("verify cost, SDAR-8B-shaped", "verify_cost.py --model sdar-8b $SDAR --device $DEVICE --dtype bfloat16 --pieces $PIECES --context $CONTEXT --repeats $REPEATS"),
-    ("verify cost, LLaDA2.0-mini-shaped", "verify_cost.py --model llada2-mini $LLADA2 --device $DEVICE --dtype bfloat16 --pieces $PIECES --context $CONTEXT --repeats $REPEATS"),
-    ("exactness of the two layouts", "verify_exactness.py --device $DEVICE --dtype bfloat16 $EXACTNESS"),
-    ("budget=auto's inputs", "auto_cost.py --device $DEVICE --dtype bfloat16 --exact --remeasure"),
-    ("batched decoding", "batching.py --device $DEVICE --dtype bfloat16 --exact $BATCHING"),
-]
-for title, command in steps:
-    print(f"device_check: {title}", file=sys.stderr)
-    script, *args = command.split()
-    sys.argv = [f"bench/{script}", *args]
-    runpy.run_path(f"bench/{script}", run_name="__main__")
-PY
+# The bench steps run one after another in one Python process (bench/steps.py). A step that fails is reported
+# (one {"failed": ...} line on stdout) and the others still run; the script then exits 1.
+status=0
+$PY bench/steps.py \
+  "verify cost, embedded target" "verify_cost.py --model embedded --device $DEVICE --dtype bfloat16 --pieces $PIECES --context $CONTEXT --repeats $REPEATS" \
+  "verify cost, SDAR-8B-shaped" "verify_cost.py --model sdar-8b $SDAR --device $DEVICE --dtype bfloat16 --pieces $PIECES --context $CONTEXT --repeats $REPEATS" \
+  "verify cost, LLaDA2.0-mini-shaped" "verify_cost.py --model llada2-mini $LLADA2 --device $DEVICE --dtype bfloat16 --pieces $PIECES --context $CONTEXT --repeats $REPEATS" \
+  "exactness of the two layouts" "verify_exactness.py --device $DEVICE --dtype bfloat16 $EXACTNESS" \
+  "budget=auto's inputs" "auto_cost.py --device $DEVICE --dtype bfloat16 --exact --remeasure" \
+  "batched decoding" "batching.py --device $DEVICE --dtype bfloat16 --exact $BATCHING" || status=1
 echo "device_check: the four-task benchmark" >&2
 RUN=$(mktemp -d)
 trap 'rm -rf "$RUN"' EXIT
-(cd "$RUN" && "$LM_EVAL" --model spot --model_args "device=$DEVICE,dtype=bfloat16,exact=true,methods=spot@8+spot@auto+spiffy@3,output_dir=$RUN/run" \
-  --tasks spot_all --include_path "$OLDPWD/tasks" --apply_chat_template --confirm_run_unsafe_code --limit $LIMIT --gen_kwargs max_gen_toks=$MAX_GEN >&2)
-$PY - "$RUN/run/summary.csv" "$DEVICE" <<'PY'
+if (cd "$RUN" && "$LM_EVAL" --model spot --model_args "device=$DEVICE,dtype=bfloat16,exact=true,methods=spot@8+spot@auto+spiffy@3,output_dir=$RUN/run" \
+  --tasks spot_all --include_path "$OLDPWD/tasks" --apply_chat_template --confirm_run_unsafe_code --limit $LIMIT --gen_kwargs max_gen_toks=$MAX_GEN >&2); then
+  $PY - "$RUN/run/summary.csv" "$DEVICE" <<'PY'
 import csv, json, sys
 for row in csv.DictReader(open(sys.argv[1])):
     print(json.dumps({"bench": "benchmark", "device": sys.argv[2], "dtype": "bfloat16", "exact": True, "task": row["task"],
@@ -58,3 +48,8 @@ for row in csv.DictReader(open(sys.argv[1])):
                       "throughput_ratio": float(row["throughput_ratio"]), "lossless": float(row["lossless"]),
                       "mean_tree_size": float(row["mean_tree_size"])}))
 PY
+else
+  echo '{"bench": "steps", "failed": "the four-task benchmark"}'
+  status=1
+fi
+exit $status

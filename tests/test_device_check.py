@@ -1,9 +1,10 @@
 """bench/device_check.sh, the prepared GPU check, in its CPU dry run: every stdout line is one JSON figure,
 and each part (verify cost of both models and layouts, exactness of both layouts, the four-task benchmark)
-reports."""
+reports; and bench/steps.py, which runs the bench steps, keeps going past a failing one."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -36,3 +37,25 @@ def test_the_dry_run_reports_every_figure_as_one_json_line(tmp_path):
     assert batching["exact"] and all(r["differ_from_batch1"] == 0 and r["lossless"] == 1.0 for r in batching["rows"])
     [auto] = [f for f in figures if f["bench"] == "auto_cost"]
     assert auto["exact"] and auto["profile"]["key"]["dtype"] == "bfloat16" and auto["order_model_ms"] > 0
+
+
+def test_a_failing_step_is_reported_on_stdout_and_the_next_steps_still_run(tmp_path, capsys, monkeypatch):
+    spec = importlib.util.spec_from_file_location("bench_steps", REPO / "bench" / "steps.py")
+    steps = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(steps)
+    monkeypatch.setattr(sys, "argv", list(sys.argv))  # run() sets them for each step, as a started script sees them
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    (tmp_path / "broken.py").write_text("raise RuntimeError('no kernel image is available for this GPU')\n")
+    (tmp_path / "usage.py").write_text("import argparse\nargparse.ArgumentParser().parse_args()\n")  # exits 2
+    (tmp_path / "done.py").write_text("import sys\nsys.exit(0)\n")
+    (tmp_path / "figure.py").write_text("import json, sys\nprint(json.dumps({'bench': 'figure', 'argv': sys.argv[1:]}))\n")
+    failed = steps.run([("broken", "broken.py"), ("usage", "usage.py --layers 12"), ("done", "done.py"),
+                        ("figure", "figure.py --pieces 1+2")], tmp_path)
+    out = capsys.readouterr()
+    assert failed == ["broken", "usage"]
+    assert [json.loads(line) for line in out.out.splitlines()] == [
+        {"bench": "steps", "failed": "broken", "error": "RuntimeError('no kernel image is available for this GPU')"},
+        {"bench": "steps", "failed": "usage", "error": "SystemExit(2)"},
+        {"bench": "figure", "argv": ["--pieces", "1+2"]},
+    ]
+    assert "Traceback" in out.err and "unrecognized arguments: --layers 12" in out.err
