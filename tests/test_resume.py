@@ -48,6 +48,35 @@ def kept(cache: Path) -> tuple[int, int]:
         return 0, 0
 
 
+# Imported at the first run's start-up (its PYTHONPATH): lm-eval's cache hook, about to write the fourth response,
+# flushes the three before it to disk and stops the process until the test signals it.
+PAUSE = """
+import os, signal
+from lm_eval.api.model import CacheHook
+
+add_partial, calls = CacheHook.add_partial, []
+
+
+def pausing(self, attr, req, res):
+    calls.append(attr)
+    if len(calls) == 4 and self.dbdict is not None:
+        self.dbdict.commit(blocking=True)
+        os.kill(os.getpid(), signal.SIGSTOP)
+    return add_partial(self, attr, req, res)
+
+
+CacheHook.add_partial = pausing
+"""
+
+
+def stopped(pid: int) -> bool:
+    """Whether the process is stopped (state T in /proc/PID/stat, after the parenthesised command name)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
+    except (FileNotFoundError, IndexError):
+        return False
+
+
 def samples(where: Path) -> pd.DataFrame:
     frame = pd.read_json(where / "run" / "samples.jsonl", lines=True)
     return frame.set_index(["task", "doc_id", "repeat", "label"]).sort_index()
@@ -69,12 +98,20 @@ def test_a_run_interrupted_midway_reruns_into_the_whole_run(uninterrupted, stop,
     checkpoint, whole = uninterrupted
     uri, cache = existing_store(tmp_path), tmp_path / "cache"
     args = command(checkpoint, tmp_path, cache, uri)
+    # The first run stops itself (SIGSTOP) as it is about to cache its fourth response, with the first three on
+    # disk; the signal then reaches it there. Waiting for a count of cached responses instead was a race that a
+    # busy machine lost: the run finished before the signal arrived.
+    pause = tmp_path / "pause"
+    pause.mkdir()
+    (pause / "sitecustomize.py").write_text(PAUSE)
     first = subprocess.Popen(args, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                             env={**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"})
+                             env={**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+                                  "PYTHONPATH": os.pathsep.join(filter(None, [str(pause), os.environ.get("PYTHONPATH")]))})
     deadline = time.monotonic() + 300
-    while kept(cache)[1] < 3 and first.poll() is None and time.monotonic() < deadline:
+    while not stopped(first.pid) and first.poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)
     first.send_signal(stop)
+    first.send_signal(signal.SIGCONT)  # a stopped process takes SIGINT once it runs again (SIGKILL at once)
     stderr = first.communicate(timeout=120)[1]
     records, done_before = kept(cache)  # lm-eval answers the requests whose responses it kept
     assert first.returncode != 0 and 3 <= done_before < LIMIT and records in (done_before, done_before + 1), (
