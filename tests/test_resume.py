@@ -49,10 +49,14 @@ def kept(cache: Path) -> tuple[int, int]:
 
 
 # Imported at the first run's start-up (its PYTHONPATH): lm-eval's cache hook, about to write the fourth response,
-# flushes the three before it to disk and stops the process until the test signals it.
+# flushes the three before it to disk and stops the process until the test signals it. SIGINT gets the handler a
+# terminal's Ctrl-C meets: a suite started in the background (`pytest &` from a script) ignores SIGINT, and its
+# children inherit that, so the run would finish as if never interrupted.
 PAUSE = """
 import os, signal
 from lm_eval.api.model import CacheHook
+
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 add_partial, calls = CacheHook.add_partial, []
 
@@ -99,8 +103,7 @@ def test_a_run_interrupted_midway_reruns_into_the_whole_run(uninterrupted, stop,
     uri, cache = existing_store(tmp_path), tmp_path / "cache"
     args = command(checkpoint, tmp_path, cache, uri)
     # The first run stops itself (SIGSTOP) as it is about to cache its fourth response, with the first three on
-    # disk; the signal then reaches it there. Waiting for a count of cached responses instead was a race that a
-    # busy machine lost: the run finished before the signal arrived.
+    # disk; the signal then reaches it there, whatever the machine's load.
     pause = tmp_path / "pause"
     pause.mkdir()
     (pause / "sitecustomize.py").write_text(PAUSE)
