@@ -25,6 +25,7 @@ from spot_eval.reports.regression import describe
 from spot_eval.reports.results import read_run
 
 REPO = Path(__file__).resolve().parents[1]
+TASK_NAMES = ["spot_gsm8k", "spot_math500", "spot_humaneval", "spot_mbpp"]
 OFFLINE = {**{k: v for k, v in os.environ.items() if k != "HF_ALLOW_CODE_EVAL"}, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 
 
@@ -40,32 +41,41 @@ def checkpoint(tmp_path_factory) -> str:
 
 
 @pytest.mark.slow
-def test_the_real_lm_eval_console_script_runs_spot(checkpoint, tmp_path):
+def test_the_real_lm_eval_console_script_runs_every_task_offline_into_one_mlflow_run(checkpoint, tmp_path):
+    """The `lm_eval` console script with `--model spot`, strictly offline and with an empty HF cache, on all four
+    tasks (the code tasks score in the sandbox without `evaluate`, so scoring needs no hub): every task scores, and
+    the run's records, outcomes and one MLflow run (accuracy included) are complete. `python -m lm_eval` (the
+    start-up registration under -m) runs under accelerate in tests/test_parallel.py and tests/test_nightly.py."""
     existing_store(tmp_path)  # the run's default store, ./mlflow.db
     lm_eval = shutil.which("lm_eval", path=str(Path(os.sys.executable).parent))
     args = f"pretrained={checkpoint},methods=oracle+random,budgets=4,gen_length=32,device=cpu,temperature=1.0"
     run = subprocess.run(
-        [lm_eval, "--model", "spot", "--model_args", args, "--tasks", "spot_gsm8k", "--include_path", str(REPO / "tasks"),
-         "--limit", "2", "--output_path", str(tmp_path / "out"), "--log_samples"],
-        capture_output=True, text=True, env=OFFLINE, cwd=tmp_path, timeout=600,
+        [lm_eval, "--model", "spot", "--model_args", args, "--tasks", "spot_all", "--include_path", str(REPO / "tasks"),
+         "--limit", "2", "--confirm_run_unsafe_code", "--output_path", str(tmp_path / "out"), "--log_samples"],
+        capture_output=True, text=True, env={**OFFLINE, "HF_EVALUATE_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")},
+        cwd=tmp_path, timeout=600,
     )
     assert run.returncode == 0, run.stderr[-3000:]
+    table = run.stdout.replace(" ", "")
+    assert all(f"{name}|1|" in table for name in TASK_NAMES), run.stdout  # lm-eval's table: every task scored
+    assert "draft_free" in run.stdout  # the spot model's own summary
     results = json.loads(next((tmp_path / "out").rglob("results_*.json")).read_text())
     assert "exact_match,strict-match" in results["results"]["spot_gsm8k"]
     assert results["config"]["spot"]["methods"] == ["oracle@4", "random@4"]
     samples = [json.loads(line) for line in next(tmp_path.glob("spot-eval-runs/*/samples.jsonl")).open()]
-    assert {s["label"] for s in samples} == {"draft_free", "oracle@4", "random@4"}
-    assert all(s["lossless"] for s in samples) and len(samples) == 6
+    assert {(s["task"], s["label"]) for s in samples} == {(t, m) for t in TASK_NAMES for m in ("draft_free", "oracle@4", "random@4")}
+    assert all(s["lossless"] for s in samples) and len(samples) == 4 * 2 * 3  # tasks x documents x labels
     run_dir = next(tmp_path.glob("spot-eval-runs/*"))
     run_json = json.loads((run_dir / "run.json").read_text())
     assert run_json["decoder"]["gen_length"] == 32
     assert run_json["sandbox"] == {"seccomp": True, "landlock_abi": run_json["sandbox"]["landlock_abi"], "namespaces": True,
                                    "disk_bytes": 64 << 20, "gaps": []}
     outcomes = [json.loads(line) for line in (run_dir / "outcomes.jsonl").open()]
-    assert {(o["doc_id"], o["filter"], o["metric"]) for o in outcomes} == {
+    assert {(o["doc_id"], o["filter"], o["metric"]) for o in outcomes if o["task"] == "spot_gsm8k"} == {
         (d, f, "exact_match") for d in (0, 1) for f in ("strict-match", "flexible-extract")}
+    assert {o["task"] for o in outcomes} == set(TASK_NAMES)
     bundle = read_run(run_dir)
-    assert len(bundle.samples) == 6 and bundle.settings["block_length"] == 16 and bundle.settings["target"].startswith("ckpt@")
+    assert len(bundle.samples) == 24 and bundle.settings["block_length"] == 16 and bundle.settings["target"].startswith("ckpt@")
     # Everything landed in one MLflow run of the local store, accuracy included.
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
     [parent] = client.search_runs(

@@ -7,7 +7,6 @@ import ast
 import importlib.util
 import itertools
 import json
-import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -18,7 +17,6 @@ import evaluate
 import huggingface_hub
 import lm_eval
 import pytest
-from conftest import existing_store, write_checkpoint
 from lm_eval.api.instance import Instance
 from lm_eval.api.task import ConfigurableTask
 from lm_eval.tasks import TaskManager
@@ -379,18 +377,3 @@ def test_every_task_runs_end_to_end_with_the_dummy_model(task_manager: TaskManag
             assert 0.0 <= results[name][key] <= 1.0
 
 
-@pytest.mark.slow
-def test_python_dash_m_lm_eval_runs_every_task_offline(tmp_path: Path) -> None:
-    """`python -m lm_eval --model spot` (the start-up registration runs under -m too) in a fresh process, strictly
-    offline, with an empty HF cache: all four tasks (the code tasks score in the sandbox without `evaluate`, so
-    this also proves scoring needs no hub). The console script: tests/test_lm.py."""
-    model_args = f"pretrained={write_checkpoint(tmp_path / 'ckpt')},device=cpu,methods=,budgets=,gen_length=16"
-    argv = [sys.executable, "-m", "lm_eval", "--model", "spot", "--model_args", model_args, "--tasks", "spot_all",
-            "--include_path", str(TASKS), "--limit", "2", "--confirm_run_unsafe_code"]
-    env = {**os.environ, **OFFLINE_ENV, "HF_HOME": str(tmp_path / "hf")}
-    existing_store(tmp_path)  # the run's default store, ./mlflow.db: its run records stay in tmp_path, not the checkout
-    done = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    table = done.stdout.replace(" ", "")
-    assert all(f"{name}|1|" in table for name in NAMES), done.stdout
-    assert "draft_free" in done.stdout  # the spot model's own summary
