@@ -117,6 +117,7 @@ def run_cli(capsys, *args: str) -> SimpleNamespace:
 
 
 LM_EVAL = str(Path(sys.executable).with_name("lm_eval"))
+SPOT_TASKS = ["spot_gsm8k", "spot_math500", "spot_humaneval", "spot_mbpp"]  # tasks/spot_all.yaml's members
 
 
 def run_lm_eval_here(capsys, *args: str, cwd: Path, env: dict[str, str] | None = None) -> SimpleNamespace:

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import own_cache_home
+from conftest import SPOT_TASKS, own_cache_home
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -30,7 +30,7 @@ def test_the_dry_run_reports_every_figure_as_one_json_line(tmp_path):
     exact = [f for f in figures if f["bench"] == "verify_exactness" and f["layout"] == "exact" and "policy" in f]
     assert exact and all(f["max_abs_logit_diff"] == 0 and f["flips"] == 0 for f in exact)
     bench = [f for f in figures if f["bench"] == "benchmark"]
-    assert {f["task"] for f in bench} == {"spot_gsm8k", "spot_math500", "spot_humaneval", "spot_mbpp"}
+    assert {f["task"] for f in bench} == set(SPOT_TASKS)
     assert all(f["lossless"] == 1.0 for f in bench) and {f["label"] for f in bench} == {"draft_free", "spot@8", "spot@auto", "spiffy@3"}
     [batching] = [f for f in figures if f["bench"] == "batching"]
     assert {(r["label"], r["batch"]) for r in batching["rows"]} == {(m, b) for m in ("draft_free", "spot@8", "spiffy@3") for b in (1, 2)}

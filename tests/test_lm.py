@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import existing_store, run_lm_eval_here, write_checkpoint
+from conftest import SPOT_TASKS, existing_store, run_lm_eval_here, write_checkpoint
 from lm_eval.api.instance import Instance
 from mlflow import MlflowClient
 
@@ -25,7 +25,6 @@ from spot_eval.reports.regression import describe
 from spot_eval.reports.results import read_run
 
 REPO = Path(__file__).resolve().parents[1]
-TASK_NAMES = ["spot_gsm8k", "spot_math500", "spot_humaneval", "spot_mbpp"]
 OFFLINE = {**{k: v for k, v in os.environ.items() if k != "HF_ALLOW_CODE_EVAL"}, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 
 
@@ -57,13 +56,13 @@ def test_the_real_lm_eval_console_script_runs_every_task_offline_into_one_mlflow
     )
     assert run.returncode == 0, run.stderr[-3000:]
     table = run.stdout.replace(" ", "")
-    assert all(f"{name}|1|" in table for name in TASK_NAMES), run.stdout  # lm-eval's table: every task scored
+    assert all(f"{name}|1|" in table for name in SPOT_TASKS), run.stdout  # lm-eval's table: every task scored
     assert "draft_free" in run.stdout  # the spot model's own summary
     results = json.loads(next((tmp_path / "out").rglob("results_*.json")).read_text())
     assert "exact_match,strict-match" in results["results"]["spot_gsm8k"]
     assert results["config"]["spot"]["methods"] == ["oracle@4", "random@4"]
     samples = [json.loads(line) for line in next(tmp_path.glob("spot-eval-runs/*/samples.jsonl")).open()]
-    assert {(s["task"], s["label"]) for s in samples} == {(t, m) for t in TASK_NAMES for m in ("draft_free", "oracle@4", "random@4")}
+    assert {(s["task"], s["label"]) for s in samples} == {(t, m) for t in SPOT_TASKS for m in ("draft_free", "oracle@4", "random@4")}
     assert all(s["lossless"] for s in samples) and len(samples) == 4 * 2 * 3  # tasks x documents x labels
     run_dir = next(tmp_path.glob("spot-eval-runs/*"))
     run_json = json.loads((run_dir / "run.json").read_text())
@@ -73,7 +72,7 @@ def test_the_real_lm_eval_console_script_runs_every_task_offline_into_one_mlflow
     outcomes = [json.loads(line) for line in (run_dir / "outcomes.jsonl").open()]
     assert {(o["doc_id"], o["filter"], o["metric"]) for o in outcomes if o["task"] == "spot_gsm8k"} == {
         (d, f, "exact_match") for d in (0, 1) for f in ("strict-match", "flexible-extract")}
-    assert {o["task"] for o in outcomes} == set(TASK_NAMES)
+    assert {o["task"] for o in outcomes} == set(SPOT_TASKS)
     bundle = read_run(run_dir)
     assert len(bundle.samples) == 24 and bundle.settings["block_length"] == 16 and bundle.settings["target"].startswith("ckpt@")
     # Everything landed in one MLflow run of the local store, accuracy included.

@@ -37,7 +37,7 @@ def run(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
 
 
 def kept(cache: Path) -> tuple[int, int]:
-    """(request records, lm-eval responses) that lm-eval's cache file holds so far (it is written while we read).
+    """(request records, lm-eval responses) that lm-eval's cache file holds once the interrupted run has ended.
     A record is kept before its response, so a kill can fall between the two: records >= responses."""
     try:
         with sqlite3.connect(f"file:{cache}_rank0.db?mode=ro", uri=True, timeout=0.1) as db:

@@ -17,6 +17,7 @@ import evaluate
 import huggingface_hub
 import lm_eval
 import pytest
+from conftest import SPOT_TASKS
 from lm_eval.api.instance import Instance
 from lm_eval.api.task import ConfigurableTask
 from lm_eval.tasks import TaskManager
@@ -29,7 +30,6 @@ from spot_eval.execution.pass_at_k import pass_at_k, sandboxed_pass_at_k
 REPO = Path(__file__).resolve().parents[1]
 TASKS = REPO / "tasks"
 UPSTREAM_TASKS = Path(lm_eval.__file__).resolve().parent / "tasks"
-NAMES = ["spot_gsm8k", "spot_math500", "spot_humaneval", "spot_mbpp"]
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "HF_EVALUATE_OFFLINE": "1"}
 
 
@@ -84,7 +84,7 @@ def _score(task: ConfigurableTask, doc: dict, response: str) -> dict[str, dict]:
 
 
 def test_every_task_loads_and_builds_its_documents(task_manager: TaskManager, tasks: dict) -> None:
-    assert {"spot_all", *NAMES} <= set(task_manager.all_tasks)
+    assert {"spot_all", *SPOT_TASKS} <= set(task_manager.all_tasks)
     sizes = {name: len(task.test_docs()) for name, task in tasks.items()}
     assert sizes == {"spot_gsm8k": 1319, "spot_math500": 500, "spot_humaneval": 164, "spot_mbpp": 500}
     for name, task in tasks.items():
@@ -98,7 +98,7 @@ def test_every_task_loads_and_builds_its_documents(task_manager: TaskManager, ta
 
 
 def test_prompts_are_plain_zero_shot_instructions(tasks: dict) -> None:
-    gsm8k, math500, humaneval, mbpp = (tasks[name].test_docs()[0] for name in NAMES)
+    gsm8k, math500, humaneval, mbpp = (tasks[name].test_docs()[0] for name in SPOT_TASKS)
     assert tasks["spot_gsm8k"].doc_to_text(gsm8k) == gsm8k["question"]
     assert tasks["spot_math500"].doc_to_text(math500) == math500["problem"]
     assert tasks["spot_mbpp"].doc_to_text(mbpp) == "\n".join([mbpp["text"], *mbpp["test_list"]])
@@ -363,7 +363,7 @@ def test_code_tasks_refuse_to_run_without_confirmation(task_manager: TaskManager
 
 def test_every_task_runs_end_to_end_with_the_dummy_model(task_manager: TaskManager) -> None:
     results = lm_eval.simple_evaluate(
-        model="dummy", tasks=NAMES, limit=2, task_manager=task_manager, confirm_run_unsafe_code=True
+        model="dummy", tasks=SPOT_TASKS, limit=2, task_manager=task_manager, confirm_run_unsafe_code=True
     )["results"]
     expected = {
         "spot_gsm8k": ["exact_match,strict-match", "exact_match,flexible-extract"],
