@@ -1,7 +1,18 @@
-"""The speculative engine: draft, verify in one forward, follow the target, commit.
+"""The speculative engine: draft, verify in one forward, accept, commit.
 
-Budget 0 *is* the draft-free decoder: the tree is the root alone, the walk takes the one step the
-root's logits give, and nothing else changes. Every method therefore runs this one loop.
+Every block of a request is decoded by one loop, `_decode_block`:
+
+    while the block is not finished:
+        tree <- draft(state)                the drafter's candidate future states, the current one as root
+        out  <- verify(tree)                one target forward over every node (its logits at each)
+        path <- walk(tree, out)             the target's own steps through them (spot.verify): >= 1
+        commit(path)                        the block's trajectory, and the drafter's next inputs
+
+Budget 0 *is* the draft-free decoder: the tree is the root alone, the walk takes the one step the root's
+logits give, and nothing else changes. Every method therefore runs this one loop. Two thin layers sit
+around it: budget=auto (spot.sizing) decides the drafter's mode and tree size once per block and cuts each
+tree to the prefix that pays most; cross_block verifies the next block's first state behind a drafted node
+that finishes the block, so that the next block's first step needs no forward.
 
 Batching: a request's decoding is a generator that yields each tree it needs drafted (`_Draft`) and each
 verify it needs (`Call`), and resumes with their outputs; `generations` runs up to B of them at once, every
@@ -10,14 +21,11 @@ forward over all their calls, and admits the next waiting request as soon as one
 batching). What a request decodes depends on its own inputs only (bit for bit in the exact layout; the
 drafters' models are row-invariant), so `generate`, one request, is batching at B = 1.
 
-Glossary (see also spot.policy):
+Glossary (see also spot.verify and spot.policy):
     node           a candidate block state in the draft tree; node 0 is the current state.
     piece          a node's full copy of the block in the verify forward.
-    accepted path  the nodes the walk moves through: each equals the state the target itself
-                   reaches from the previous one with that step's noise (under the lossy, opt-in
-                   max_commit acceptance, or a drafted subset of that step: spot.acceptance).
-    free step      the step the last accepted node's logits give; every forward yields >= 1 step.
     finished       a block is finished when no mask precedes the first EOS or the generation end.
+    stale logits   the logits behind the block's last step, which the drafter reads for the next tree.
 
 Shapes: K block length, V vocabulary, N draft nodes.
 """
@@ -28,19 +36,20 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable, Generator, Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 
-from spot.acceptance import max_commit
+from spot.acceptance import Acceptance, acceptance_of
 from spot.config import DecodeConfig
 from spot.drafters.base import DraftContext, Drafter, draft_all
-from spot.noise import gumbel, step_key
-from spot.policy import Proposal, decide, topk_logprobs
+from spot.noise import block_noise
+from spot.policy import Proposal, topk_logprobs
 from spot.sizing import ForwardTiming, Plan, Sizing
 from spot.stopping import cut_at_stop
 from spot.targets.base import Call, Stream, Target
 from spot.tree import DraftTree
+from spot.verify import Step, StepRule, walk
 
 
 @dataclass(frozen=True)
@@ -137,10 +146,12 @@ class _Draft:
 
 @dataclass(frozen=True)
 class _Drafted:
-    """What a decoding resumes with after its _Draft: the tree and the drafting call's seconds."""
+    """What a decoding resumes with after its _Draft: the tree and the drafting call's seconds; `drafted`: the
+    nodes the drafter returned, of which budget=auto may verify fewer."""
 
     tree: DraftTree
     seconds: float
+    drafted: int = 0
 
 
 @dataclass(frozen=True)
@@ -220,7 +231,7 @@ def generations(
     while waiting or running:
         while waiting and len(running) < batch_size:
             i, r = waiting.popleft()
-            decoding = _decoding(target, r, decode, record, record_topk, record_margins, record_hidden)
+            decoding = _decoding(target, r, decode, _Keep(record, record_topk, record_margins, record_hidden))
             advance(i, decoding, None)  # to its first draft or call: every request takes at least one forward
         drafting: dict[int, list[int]] = {}  # id(drafter) -> the requests it drafts for this round
         for i, (_, waits) in running.items():
@@ -244,68 +255,25 @@ def generations(
 
 
 def _decoding(
-    target: Target,
-    r: Request,
-    decode: Callable[[list[int]], str] | None,
-    record: bool,
-    record_topk: int,
-    record_margins: bool,
-    record_hidden: bool,
+    target: Target, r: Request, decode: Callable[[list[int]], str] | None, keep: _Keep
 ) -> Generator[Call | _Draft, _Reply | _Drafted, Generation]:
     """One request's decoding: yields its drafts and verify calls, resumes with their outputs, returns its Generation."""
-    config, drafter, request, sizing = r.config, r.drafter, r.number, r.sizing
-    prompt = torch.as_tensor(r.prompt_ids, dtype=torch.long).flatten()
-    k, n_prompt = config.block_length, prompt.numel()
-    if target.block_length != k:
-        raise ValueError(f"config.block_length {k} differs from the target's block length {target.block_length}")
-    if n_prompt == 0:
-        raise ValueError("the prompt is empty: a block-diffusion decoder needs at least one prompt token")
-    if config.budget > 0 and drafter is None:
-        raise ValueError(f"budget {config.budget} needs a drafter; use budget 0 for draft-free decoding")
-    end = n_prompt + config.gen_length
-    # Blocks tile the canvas from `origin`: position 0, or the prompt's end (Target.blocks_at_prompt_end).
-    origin = n_prompt if target.blocks_at_prompt_end else 0
-    n_blocks = math.ceil((end - origin) / k)
-    n_positions = origin + n_blocks * k
-    if n_positions > target.max_positions:
-        raise ValueError(
-            f"a {n_prompt}-token prompt plus gen_length {config.gen_length} needs {n_positions} positions "
-            f"(whole blocks of {k}); the model has {target.max_positions}. Shorten the prompt or gen_length."
-        )
-    if config.cross_block and not target.cross_block:
-        raise ValueError("cross_block needs a target whose completed blocks never change (block-causal: SDAR, LLaDA2.0); "
-                         "this target re-reads the canvas at each block's start, so turn cross_block off")
-    if config.budget > 0:
-        room = target.max_pieces(n_positions) - (2 if config.cross_block else 0)  # a cross piece holds two blocks
-        if sizing is not None:  # budget=auto: the cap shrinks to what fits
-            config = replace(config, budget=min(config.budget, max(room - 1, 0)))
-        elif config.budget + 1 > room:
-            raise ValueError(
-                f"budget {config.budget} needs {config.budget + 1} pieces of {k} positions in one verify forward; "
-                f"with {n_positions} positions of context the free device memory holds about {room} now. "
-                f"Use a budget of at most {max(room - 1, 0)}" + (" (or a device with more memory)." if room > 1 else ": none fits; free memory or use a larger device.")
-            )
-    t0, timings = time.perf_counter(), []
-    first = (n_prompt - origin) // k  # the first block with a position to generate
-    stream = target.open(prompt[: origin + first * k], n_positions)
+    canvas = _Canvas.of(target, r)
+    config = _admitted(target, r, canvas)
+    t0 = time.perf_counter()
+    run = _Run(target, target.open(canvas.prompt[: canvas.start(canvas.first)], canvas.positions), config, r.drafter,
+               r.number, r.sizing, acceptance_of(config, target.mask_id),
+               target.eos_ids if config.stop_at_eos else frozenset())  # without stop_at_eos an EOS ends nothing
     out: list[int] = []
-    lengths: list[int] = []
     traces: list[BlockTrace] = []
-    finish = "length"
-    ahead = None
-    for block in range(first, n_blocks):
-        start = origin + block * k
-        state = torch.full((k,), target.mask_id, dtype=torch.long)
-        state[: max(n_prompt - start, 0)] = prompt[start:n_prompt]  # a partial prompt block is never masked
-        lo, hi = max(n_prompt - start, 0), min(end - start, k)
-        recorder = _Recorder(block, record_topk, record_margins, record_hidden, target.mask_id)
-        following = torch.full((k,), target.mask_id, dtype=torch.long) if config.cross_block and block + 1 < n_blocks else None
-        states, ahead = yield from _decode_block(target, stream, state, start, block, lo, hi, config, drafter, request, lengths,
-                                                 timings, recorder, sizing, ahead, following)
-        if record:
-            traces.append(recorder.trace(states))
+    finish, ahead = "length", None
+    for b in range(canvas.first, canvas.blocks):
+        block = _Block.open(run, canvas, b, ahead, keep)
+        ahead = yield from _decode_block(run, block)
+        if keep.record:
+            traces.append(block.recorder.trace(block.states))
         written = len(out)
-        out += states[-1][lo:hi].tolist()
+        out += block.state[block.lo : block.hi].tolist()
         if config.stop_at_eos:
             eos_at = _first_eos(out, target.eos_ids, written)  # the blocks before had none
             if eos_at is not None:
@@ -314,7 +282,7 @@ def _decoding(
             if config.stop_strings and decode is not None and cut_at_stop(out, config.stop_strings, decode) is not None:
                 finish = "stop"
                 break
-        stream.commit(states[-1])
+        run.stream.commit(block.state)
     answer = out  # the tokens before the first EOS: with stop_at_eos=False, `out` also keeps the padding after it
     if not config.stop_at_eos and (eos_at := _first_eos(out, target.eos_ids)) is not None:
         answer, finish = out[:eos_at], "eos"
@@ -323,17 +291,250 @@ def _decoding(
         cut = cut_at_stop(answer, config.stop_strings, decode) if config.stop_strings else None
         answer, text = (answer, decode(answer)) if cut is None else cut
     stats = DecodeStats(
-        forwards=len(timings),  # one timing per verify forward
-        steps=sum(lengths),
-        accepted_lengths=tuple(lengths),
+        forwards=len(run.timings),  # one timing per verify forward
+        steps=sum(run.lengths),
+        accepted_lengths=tuple(run.lengths),
         seconds=time.perf_counter() - t0,
-        timings=tuple(timings),
+        timings=tuple(run.timings),
     )
-    return Generation(tuple(answer if config.stop_at_eos else out), text, finish, stats, tuple(traces) if record else None)
+    return Generation(tuple(answer if config.stop_at_eos else out), text, finish, stats, tuple(traces) if keep.record else None)
+
+
+def _decode_block(run: _Run, block: _Block) -> Generator[Call | _Draft, _Reply | _Drafted, _Verified | None]:
+    """Advance one block until it is finished: draft, verify in one forward, accept (spot.verify), commit.
+    Returns the next block's first state's outputs where the forward that finished this one verified it too
+    (cross_block), else None."""
+    while not block.done(block.state):
+        if block.carried is not None:  # the previous block's last forward verified this state: no forward needed
+            tree, out = DraftTree.root_only(block.state), block.carried
+        else:
+            drafted = yield from _draft(run, block)
+            tree = drafted.tree
+            out = yield from _verify(run, block, drafted)
+        path = walk(tree.states, out.logits[: tree.size + 1], block.rule, block.step, block.done, run.accept)
+        block.commit(tree, out, path, run)
+    return block.handed
+
+
+def _draft(run: _Run, block: _Block) -> Generator[_Draft, _Drafted, _Drafted]:
+    """The tree to verify: the root alone at budget 0, else the drafter's, checked, and cut to the size that
+    budget=auto expects to pay most (spot.sizing)."""
+    budget = run.config.budget if block.stale is None else block.plan.nodes
+    if budget <= 0:
+        return _Drafted(DraftTree.root_only(block.state), 0.0)
+    ctx = DraftContext(block.state, block.stale, block.stale_state, block.prior, run.config, run.target.mask_id, run.request,
+                       block.index, block.step, budget, block.rule.noise, block.plan.mode, block.stale_hidden)
+    drafted = yield _Draft(run.drafter, ctx)
+    tree = drafted.tree
+    if tree.size > budget or not torch.equal(tree.states[0].cpu(), block.state.cpu()):
+        raise RuntimeError(f"drafter {run.drafter.name!r} returned {tree.size} nodes for budget {budget} or a foreign root")
+    if run.sizing is not None and tree.size:
+        if tree.reach is None:
+            raise ValueError(f"budget=auto needs reach probabilities, and drafter {run.drafter.name!r} gives none: "
+                             "use a calibrated drafter (spot-eval calibrate-reach) or a fixed budget")
+        tree = tree.prefix(run.sizing.size(tree.reach[1:], block.start))
+    return _Drafted(tree, drafted.seconds, drafted.tree.size)
+
+
+def _verify(run: _Run, block: _Block, drafted: _Drafted) -> Generator[Call, _Reply, _Verified]:
+    """One target forward over the tree's states (and, with cross_block, the next block's first state behind
+    the first drafted node that finishes this block), its timing kept."""
+    tree = drafted.tree
+    cross = None if block.following is None else _cross_piece(tree, block.following, block.lo, block.hi, run.target.mask_id,
+                                                               run.eos)
+    reply = yield Call(run.stream, tree.states, block.start, cross)
+    pieces = tree.size + 1 + (0 if cross is None else 2)  # a cross piece holds two blocks' rows
+    run.timings.append(ForwardTiming(pieces, block.start, reply.seconds, drafted.drafted,
+                                     block.plan.mode if drafted.drafted else None, drafted.seconds))
+    # One sum is finite exactly when every logit is (accumulated in fp32: fp16 sums overflow), at a
+    # twentieth of the cost of isfinite(logits).all(), which took 3% of a draft-free step on the CPU.
+    if not bool(torch.isfinite(reply.logits.sum(dtype=torch.float32))):
+        raise RuntimeError(
+            f"the target's forward {len(run.timings)} ({block.rule.where}step {block.step}) returned "
+            "non-finite logits: check the weights and the dtype (fp16 can overflow; try bfloat16 or float32)"
+        )
+    return _Verified(reply.logits, reply.hidden, cross)
 
 
 def _first_eos(tokens: list[int], eos_ids: frozenset[int], start: int = 0) -> int | None:
     return next((i for i in range(start, len(tokens)) if tokens[i] in eos_ids), None)
+
+
+# -- the records a decoding carries ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Keep:
+    """What `generate`'s record flags ask each block to keep beside its states."""
+
+    record: bool = False
+    topk: int = 0
+    margins: bool = False
+    hidden: bool = False
+
+
+@dataclass(frozen=True)
+class _Canvas:
+    """Where one request's blocks lie: the prompt, then gen_length positions, in whole blocks of K from `origin`
+    (position 0, or the prompt's end: Target.blocks_at_prompt_end)."""
+
+    prompt: torch.Tensor  # [P] int64
+    k: int
+    origin: int
+    end: int  # the prompt's length plus gen_length
+
+    @classmethod
+    def of(cls, target: Target, r: Request) -> _Canvas:
+        prompt = torch.as_tensor(r.prompt_ids, dtype=torch.long).flatten()
+        origin = prompt.numel() if target.blocks_at_prompt_end else 0
+        return cls(prompt, r.config.block_length, origin, prompt.numel() + r.config.gen_length)
+
+    @property
+    def blocks(self) -> int:
+        return math.ceil((self.end - self.origin) / self.k)
+
+    @property
+    def positions(self) -> int:
+        return self.origin + self.blocks * self.k
+
+    @property
+    def first(self) -> int:
+        """The first block with a position to generate."""
+        return (self.prompt.numel() - self.origin) // self.k
+
+    def start(self, block: int) -> int:
+        return self.origin + block * self.k
+
+
+def _admitted(target: Target, r: Request, canvas: _Canvas) -> DecodeConfig:
+    """The request's config once checked against the target (budget=auto's cap shrunk to what fits)."""
+    config, k, n_prompt = r.config, r.config.block_length, canvas.prompt.numel()
+    if target.block_length != k:
+        raise ValueError(f"config.block_length {k} differs from the target's block length {target.block_length}")
+    if n_prompt == 0:
+        raise ValueError("the prompt is empty: a block-diffusion decoder needs at least one prompt token")
+    if config.budget > 0 and r.drafter is None:
+        raise ValueError(f"budget {config.budget} needs a drafter; use budget 0 for draft-free decoding")
+    if canvas.positions > target.max_positions:
+        raise ValueError(
+            f"a {n_prompt}-token prompt plus gen_length {config.gen_length} needs {canvas.positions} positions "
+            f"(whole blocks of {k}); the model has {target.max_positions}. Shorten the prompt or gen_length."
+        )
+    if config.cross_block and not target.cross_block:
+        raise ValueError("cross_block needs a target whose completed blocks never change (block-causal: SDAR, LLaDA2.0); "
+                         "this target re-reads the canvas at each block's start, so turn cross_block off")
+    if config.budget > 0:
+        room = target.max_pieces(canvas.positions) - (2 if config.cross_block else 0)  # a cross piece holds two blocks
+        if r.sizing is not None:  # budget=auto: the cap shrinks to what fits
+            return replace(config, budget=min(config.budget, max(room - 1, 0)))
+        if config.budget + 1 > room:
+            raise ValueError(
+                f"budget {config.budget} needs {config.budget + 1} pieces of {k} positions in one verify forward; "
+                f"with {canvas.positions} positions of context the free device memory holds about {room} now. "
+                f"Use a budget of at most {max(room - 1, 0)}" + (" (or a device with more memory)." if room > 1 else ": none fits; free memory or use a larger device.")
+            )
+    return config
+
+
+@dataclass
+class _Run:
+    """One request's decoding: what every block reads, and the per-forward figures it adds to."""
+
+    target: Target
+    stream: Stream
+    config: DecodeConfig  # budget=auto's cap shrunk to what fits
+    drafter: Drafter | None
+    request: int  # the noise key's request number
+    sizing: Sizing | None
+    accept: Acceptance
+    eos: frozenset[int]  # the tokens that finish a block early (none without stop_at_eos)
+    timings: list[ForwardTiming] = field(default_factory=list)  # one per verify forward
+    lengths: list[int] = field(default_factory=list)  # steps advanced per verify forward
+
+
+@dataclass(frozen=True)
+class _Verified:
+    """A verify's outputs for one request: logits [N + 1 (+ 1 with a cross piece), K, V], hidden [.., K, d], and
+    the cross piece [1, 2K] it held, if any. Also the next block's first state's outputs ([1, K, V], [1, K, d])
+    that the forward finishing a block verified behind it (DecodeConfig.cross_block), handed to the next block."""
+
+    logits: torch.Tensor
+    hidden: torch.Tensor
+    cross: torch.Tensor | None = None
+
+
+@dataclass
+class _Block:
+    """One block's decoding state, from forward to forward: its trajectory, the last forward's outputs behind
+    it (what a drafter reads, spot.drafters.base.DraftContext) and the cross-block hand-over."""
+
+    index: int
+    start: int  # its first position on the canvas
+    lo: int  # generated positions lo..hi-1 (a partial prompt block is never masked)
+    hi: int
+    rule: StepRule
+    plan: Plan  # budget=auto's mode and tree size, decided once per block from the context
+    recorder: _Recorder
+    eos: frozenset[int]
+    states: list[torch.Tensor]  # [K] each: the state before each step, then the current one
+    stale: torch.Tensor | None = None  # [K, V] the logits behind the last step
+    stale_state: torch.Tensor | None = None  # [K] the state they were computed at
+    stale_hidden: torch.Tensor | None = None  # [K, d]
+    prior: torch.Tensor | None = None  # [K, V] the logits behind the step before
+    carried: _Verified | None = None  # this block's first state, verified by the previous block's last forward
+    following: torch.Tensor | None = None  # [K] the next block's first state (cross_block), None for the last block
+    handed: _Verified | None = None  # the next block's, once this block's last forward verified it
+
+    @classmethod
+    def open(cls, run: _Run, canvas: _Canvas, index: int, carried: _Verified | None, keep: _Keep) -> _Block:
+        target, config, k = run.target, run.config, canvas.k
+        start, n_prompt = canvas.start(index), canvas.prompt.numel()
+        state = torch.full((k,), target.mask_id, dtype=torch.long)
+        state[: max(n_prompt - start, 0)] = canvas.prompt[start:n_prompt]  # a partial prompt block is never masked
+        noise = (block_noise(config.seed, run.request, index, target.block_length, target.vocab_size, target.device)
+                 if config.noisy else _silent)
+        rule = StepRule(config, target.mask_id, noise, keep.margins, where=f"request {run.request}, block {index}, ")
+        plan = Plan(None, config.budget) if run.sizing is None else run.sizing.plan(start, config.budget)
+        following = (torch.full((k,), target.mask_id, dtype=torch.long)
+                     if config.cross_block and index + 1 < canvas.blocks else None)
+        return cls(index, start, max(n_prompt - start, 0), min(canvas.end - start, k), rule, plan,
+                   _Recorder(index, keep.topk, keep.margins, keep.hidden, target.mask_id), run.eos, [state],
+                   carried=carried, following=following)
+
+    @property
+    def state(self) -> torch.Tensor:
+        return self.states[-1]
+
+    @property
+    def step(self) -> int:
+        return len(self.states) - 1
+
+    def done(self, state: torch.Tensor) -> bool:
+        return finished(state, self.lo, self.hi, self.rule.mask_id, self.eos)
+
+    def commit(self, tree: DraftTree, out: _Verified, path: tuple[Step, ...], run: _Run) -> None:
+        """Take the walk's steps: the trajectory, the outputs behind its last two steps (the drafter's next
+        inputs), the forward's accepted length, and the next block's first state where this forward verified it."""
+        for step in path:
+            self.states.append(step.state)
+            self.recorder.add(out.logits[step.node], step.proposal, out.hidden[step.node])
+        last = path[-1].node
+        self.prior = out.logits[path[-2].node] if len(path) > 1 else self.stale
+        self.stale, self.stale_state, self.stale_hidden = out.logits[last], tree.states[last], out.hidden[last]
+        if self.carried is None:
+            run.lengths.append(len(path))
+        else:  # the carried step belongs to the forward that verified it
+            run.lengths[-1] += len(path)
+            self.carried = None
+        if len(path) == 1 and self.prior is not None and run.config.budget > 0:
+            self.prior = self.prior.clone()  # a row of the previous forward's logits: keep the row, free the rest
+        if out.cross is not None and self.done(self.state) and torch.equal(out.cross[0, : len(self.state)], self.state):
+            self.handed = _Verified(out.logits[-1:], out.hidden[-1:])  # verified behind this block's last state
+
+
+def _silent(step: int) -> None:
+    """The noise of a config that reads none (T = 0, no random order, no alg_temp)."""
+    return None
 
 
 class _Recorder:
@@ -361,15 +562,6 @@ class _Recorder:
                           None if ids is None else torch.stack(ids), proposals, hidden)  # [S, K, k]
 
 
-@dataclass(frozen=True)
-class _Ahead:
-    """The next block's first state as a cross piece of the forward that finished a block verified it
-    (DecodeConfig.cross_block): its logits [K, V] and hidden states [K, d]."""
-
-    logits: torch.Tensor
-    hidden: torch.Tensor
-
-
 def _cross_piece(tree: DraftTree, following: torch.Tensor, lo: int, hi: int, mask_id: int, eos: frozenset[int]) -> torch.Tensor | None:
     """[1, 2K]: [the first drafted node that completes the block without an EOS | the next block's first
     state], or None when no node does (a block that ends in EOS ends the request: nothing follows it)."""
@@ -378,92 +570,3 @@ def _cross_piece(tree: DraftTree, following: torch.Tensor, lo: int, hi: int, mas
         if mask_id not in written and not eos.intersection(written):
             return torch.cat([node, following])[None]
     return None
-
-
-def _decode_block(target, stream: Stream, state, start, block, lo, hi, config, drafter, request, lengths, timings, recorder,
-                  sizing, ahead: _Ahead | None = None, following: torch.Tensor | None = None):
-    """Advance one block to `finished`; returns the states after each step and, where the forward that finished
-    it verified the next block's first state too (`following`, the next block's first state, with cross_block),
-    that piece's outputs. Each forward's timing goes to `timings`; `ahead` is the previous block's."""
-    # Without stop_at_eos an EOS ends nothing: a block is finished when no mask is left in it.
-    mask_id, eos = target.mask_id, target.eos_ids if config.stop_at_eos else frozenset()
-    noise: dict[int, torch.Tensor | None] = {}
-
-    def step_noise(step: int) -> torch.Tensor | None:
-        if not config.noisy:
-            return None
-        if step not in noise:
-            key = step_key(config.seed, request, block, step)
-            noise[step] = gumbel(key, target.block_length, target.vocab_size, target.device)
-        return noise[step]
-
-    states, stale, stale_state, stale_hidden, prior = [state], None, None, None, None
-    # budget=auto's mode and tree size before drafting depend on the context only: one decision per block.
-    plan = Plan(None, config.budget) if sizing is None else sizing.plan(start, config.budget)
-    carried, handed = ahead, None
-    while not finished(state, lo, hi, mask_id, eos):
-        step = len(states) - 1
-        tree = DraftTree.root_only(state)
-        budget = config.budget if stale is None else plan.nodes
-        drafted, draft_seconds = 0, 0.0
-        if carried is not None:  # the last forward verified this state already: its step needs no forward
-            logits, hidden, cross = carried.logits[None], carried.hidden[None], None
-        elif budget > 0:
-            ctx = DraftContext(state, stale, stale_state, prior, config, mask_id, request, block, step, budget, step_noise, plan.mode,
-                               stale_hidden)
-            reply = yield _Draft(drafter, ctx)
-            tree, draft_seconds = reply.tree, reply.seconds
-            drafted = tree.size
-            if tree.size > budget or not torch.equal(tree.states[0].cpu(), state.cpu()):
-                raise RuntimeError(f"drafter {drafter.name!r} returned {tree.size} nodes for budget {budget} or a foreign root")
-            if sizing is not None and tree.size:
-                if tree.reach is None:
-                    raise ValueError(f"budget=auto needs reach probabilities, and drafter {drafter.name!r} gives none: "
-                                     "use a calibrated drafter (spot-eval calibrate-reach) or a fixed budget")
-                tree = tree.prefix(sizing.size(tree.reach[1:], start))
-        if carried is None:
-            cross = None if following is None else _cross_piece(tree, following, lo, hi, mask_id, eos)
-            reply = yield Call(stream, tree.states, start, cross)
-            logits, hidden = reply.logits, reply.hidden  # [N + 1 (+ 1 with a cross piece), K, V], [.., K, d]
-            pieces = tree.size + 1 + (0 if cross is None else 2)  # a cross piece holds two blocks' rows
-            timings.append(ForwardTiming(pieces, start, reply.seconds, drafted, plan.mode if drafted else None, draft_seconds))
-        # One sum is finite exactly when every logit is (accumulated in fp32: fp16 sums overflow), at a
-        # twentieth of the cost of isfinite(logits).all(), which took 3% of a draft-free step on the CPU.
-        if carried is None and not bool(torch.isfinite(logits.sum(dtype=torch.float32))):
-            raise RuntimeError(
-                f"the target's forward {len(timings)} (request {request}, block {block}, step {step}) returned "
-                "non-finite logits: check the weights and the dtype (fp16 can overflow; try bfloat16 or float32)"
-            )
-        node, advanced = 0, 0
-        while True:  # follow the target down the tree
-            prior, stale, stale_state, stale_hidden = stale, logits[node], tree.states[node], hidden[node]
-            state, proposal = decide(stale_state.to(logits.device), stale, step_noise(step + advanced), config, mask_id,
-                                     step + advanced, margins=recorder.margins)
-            state = state.cpu()
-            # select() commits >= 1 position unless its inputs are broken, or a timestep step's count is 0
-            if torch.equal(state, stale_state.cpu()) and config.policy != "timestep":
-                raise RuntimeError(
-                    f"request {request}, block {block}, step {step + advanced}: the step committed no position; "
-                    "the policy's confidences are not numbers (check the sampling settings and the logits)"
-                )
-            if config.acceptance == "max_commit":  # lossy, opt-in: a drafted subset of the step may stand in for it
-                state = max_commit(tree.states, stale_state.cpu(), state, proposal, config.threshold, mask_id)
-            advanced += 1
-            states.append(state)
-            recorder.add(stale, proposal, stale_hidden)
-            if finished(state, lo, hi, mask_id, eos):
-                if cross is not None and torch.equal(cross[0, : len(state)], state):
-                    handed = _Ahead(logits[-1], hidden[-1])  # the next block's first state, verified behind this one
-                break
-            match = torch.nonzero((tree.states == state).all(dim=1))
-            if match.numel() == 0:
-                break
-            node = int(match[0])
-        if carried is None:
-            lengths.append(advanced)
-        else:  # the carried step belongs to the forward that verified it
-            lengths[-1] += advanced
-            carried = None
-        if advanced == 1 and prior is not None and config.budget > 0:
-            prior = prior.clone()  # a row of the previous forward's logits: keep the row, free the rest
-    return states, handed

@@ -13,6 +13,8 @@ The hash is a 32-bit xorshift-multiply mixer evaluated in int64 tensors with mul
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 _MASK32 = 0xFFFFFFFF
@@ -72,3 +74,17 @@ def gumbel(key: int, block_length: int, vocab_size: int, device: torch.device | 
     positions = torch.arange(block_length, device=device, dtype=torch.int64)[:, None]  # [K, 1]
     tokens = torch.arange(vocab_size, device=device, dtype=torch.int64)[None, :]  # [1, V]
     return gumbel_at(key, positions, tokens)
+
+
+def block_noise(seed: int, request: int, block: int, block_length: int, vocab_size: int,
+                device: torch.device | str = "cpu") -> Callable[[int], torch.Tensor]:
+    """step -> the noise of that step of one block ([K, V] float64), each made once, when first asked for: the
+    walk and the drafters of one block read the same steps many times."""
+    made: dict[int, torch.Tensor] = {}
+
+    def at(step: int) -> torch.Tensor:
+        if step not in made:
+            made[step] = gumbel(step_key(seed, request, block, step), block_length, vocab_size, device)
+        return made[step]
+
+    return at

@@ -337,10 +337,10 @@ def test_non_finite_logits_end_the_decode_naming_the_forward():
 
 def test_a_step_that_commits_nothing_stops_with_the_request_named(monkeypatch):
     """Only a bug or broken numbers can make a policy step commit nothing; the decoder stops instead of looping."""
-    import spot.engine
+    import spot.verify
 
-    real = spot.engine.decide
-    monkeypatch.setattr(spot.engine, "decide", lambda state, *args, **kwargs: (state, real(state, *args, **kwargs)[1]))
+    real = spot.verify.decide
+    monkeypatch.setattr(spot.verify, "decide", lambda state, *args, **kwargs: (state, real(state, *args, **kwargs)[1]))
     with pytest.raises(RuntimeError, match="request 3, block 0, step 0: the step committed no position"):
         generate(tiny_target(16), [1, 2, 3], DecodeConfig(block_length=16, gen_length=20), request=3)
 
