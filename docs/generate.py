@@ -4,7 +4,7 @@ committed results. Nothing these pages show is typed by hand: edit the source an
     python docs/generate.py          # (re)write every generated file
     python docs/generate.py --check  # exit 1, naming each generated file that is stale
 
-Sources: `SpotArgs` in spot_eval/harness/lm.py (the model_args reference), spot_eval.cli's parsers (the CLI
+Sources: the settings classes behind `SpotArgs` (spot_eval/harness/model_args.py: the model_args reference), spot_eval.cli's parsers (the CLI
 reference), the packages' docstrings and tests/test_layout.py (the layout), results/measurements/*.toml (the
 results pages; history/ holds superseded figures) and results/comparison/ (`spot-eval compare`'s outputs).
 """
@@ -15,12 +15,9 @@ import argparse
 import ast
 import csv
 import html
-import io
 import os
 import sys
-import tokenize
 import tomllib
-from dataclasses import dataclass
 from pathlib import Path
 from statistics import mean
 
@@ -62,10 +59,10 @@ def table(columns: list[str], rows: list[list]) -> str:
     return "\n".join(lines) + "\n"
 
 
-# --- model_args: the fields of SpotArgs, their types, defaults and trailing comments ------------------------------
+# --- model_args: the options of the typed settings classes (spot_eval.harness.model_args) --------------------------
 
-# What a field's trailing comment leaves unsaid. Every field needs a comment, a note or both; a note for a field
-# that no longer exists is an error. Links are relative to docs/reference/.
+# What an option's help leaves unsaid, on this page only. A note for an option that no longer exists is an error.
+# Links are relative to docs/reference/.
 MODEL_ARG_NOTES = {
     "pretrained": "SDAR, LLaDA2.0, LLaDA or Dream; the default is the embedded target shipped in "
                   "`spot_eval/assets/target` ([Targets](../targets.md)).",
@@ -73,103 +70,52 @@ MODEL_ARG_NOTES = {
                "`spot_gamma`, `spiffy`, `sets` (with `unmasking=threshold`), `sets_max` (lossy, opt-in), `random`, "
                "`adversarial`, `oracle`; without `:path`, the drafter shipped for the block length and policy "
                "([Methods](../methods/index.md)).",
-    "budgets": "`+`-joined budgets for the `methods` items without `@budget` (Spiffy's is D*, the nodes its pruning "
-               "keeps); `auto` sizes each tree by the device ([budget=auto](../methods/budget-auto.md)).",
-    "unmasking": "The draft-free decoder every method must reproduce ([Commit policies](../concepts/commit-policies.md)).",
-    "threshold": "τ of `threshold` and `dynamic`.",
-    "cross_block": "Block-causal targets only ([SPOT-Sets](../methods/spot-sets.md#cross-block-verification)).",
-    "steps": "Default: the block length.",
-    "confidence": "`margin` is Dream's `topk_margin`, `entropy` its negative entropy; `random` is an order drawn "
-                  "from the coupled noise.",
-    "block_length": "Decode block length; default: the checkpoint's `block_size` (another value warns).",
-    "gen_length": "The number of new tokens to decode.",
-    "temperature": "Sampling temperature T; 0 is greedy.",
-    "top_p": "Nucleus filter before the Gumbel-max draw.",
-    "top_k": "Top-k filter before the Gumbel-max draw; 0: off.",
-    "seed": "The noise of a request is keyed by (seed, task, document, repeat); seeds lie in [0, 2**32), where distinct "
-            "seeds never share a noise key ([coupled noise](../concepts/verification.md#coupled-noise)).",
-    "reference": "Decode draft-free too and diff every method against it.",
-    "fail_on_divergence": "End with a non-zero exit naming the diverging requests, after everything is logged; a lossy "
-                          "method's divergences (`sets_max`) never fail a run.",
-    "device": "`cuda`, `cuda:N` or `cpu`.",
-    "dtype": "`auto` (float32 on a CPU, bfloat16 elsewhere), `float32`, `bfloat16`, `float16`.",
+    "budgets": "Spiffy's budget is D*, the nodes its pruning keeps; `auto` sizes each tree by the device "
+               "([budget=auto](../methods/budget-auto.md)).",
+    "unmasking": "[Commit policies](../concepts/commit-policies.md).",
+    "cross_block": "[SPOT-Sets](../methods/spot-sets.md#cross-block-verification).",
+    "confidence": "`random` is an order drawn from the coupled noise.",
+    "block_length": "Another value than the checkpoint's warns.",
+    "gen_length": "Where a task names no `max_gen_toks`: a task's wins, and `--gen_kwargs max_gen_toks=N` over both.",
+    "seed": "A request's noise is keyed by (seed, task, document, repeat); distinct seeds never share a noise key "
+            "([coupled noise](../concepts/verification.md#coupled-noise)).",
+    "fail_on_divergence": "A lossy method's divergences (`sets_max`) never fail a run.",
     "cache": "Refused for block-causal targets, whose cache is exact ([Targets](../targets.md#llada-and-dream-the-dual-cache-decoder)).",
     "exact": "[Exactness in bf16](../exactness.md).",
-    "mlflow_tracking_uri": "Default: `sqlite:///mlflow.db` in the working directory; `sqlite:`, `http(s):`, `file:`, "
-                           "`postgresql:`/`mysql:`/`mssql:` (with a `+driver`), `databricks`, or a path "
-                           "([Tracking](../tracking.md)).",
-    "mlflow_experiment": "The MLflow experiment of the run.",
+    "mlflow_tracking_uri": "`sqlite:`, `http(s):`, `file:`, `postgresql:`/`mysql:`/`mssql:` (with a `+driver`), "
+                           "`databricks`, or a path ([Tracking](../tracking.md)).",
     "output_dir": "Holds `run.json`, `samples.jsonl`, `summary.csv`, `outcomes.jsonl` (with `--log_samples`), "
                   "`lm_eval_results.json` and plots.",
 }
 
 
-@dataclass(frozen=True)
-class Field:
-    name: str
-    type: str
-    default: str  # the default's source expression
-    comment: str  # the field's trailing comment, or ""
-
-
-LM = ROOT / "spot_eval" / "harness" / "lm.py"
-
-
-def spot_args_fields(source: Path = LM) -> list[Field]:
-    """SpotArgs' fields read from the source, in order (no import: the docs build needs neither torch nor lm-eval)."""
-    text = source.read_text()
-    comments = {tok.start[0]: tok.string.lstrip("#").strip()
-                for tok in tokenize.generate_tokens(io.StringIO(text).readline) if tok.type == tokenize.COMMENT}
-    spot_args = next(n for n in ast.parse(text).body if isinstance(n, ast.ClassDef) and n.name == "SpotArgs")
-    return [Field(node.target.id, ast.get_source_segment(text, node.annotation), ast.get_source_segment(text, node.value),
-                  comments.get(node.end_lineno, ""))
-            for node in spot_args.body if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)]
-
-
-SHOWN_DEFAULTS = {"str(EMBEDDED_TARGET)": "the embedded target"}  # defaults that are paths on the machine that runs this
-
-
-def constant(name: str, module: Path) -> object:
-    """A module-level constant imported by name into `module`, read from the module that defines it."""
-    tree = ast.parse(module.read_text())
-    origin = next(n.module for n in tree.body if isinstance(n, ast.ImportFrom) and name in {a.name for a in n.names})
-    defining = ast.parse((ROOT / (origin.replace(".", "/") + ".py")).read_text())
-    return next(ast.literal_eval(n.value) for n in defining.body
-                if isinstance(n, ast.Assign | ast.AnnAssign) and getattr(getattr(n, "target", None) or n.targets[0], "id", "") == name)
-
-
-def shown_default(expression: str, module: Path) -> str:
-    if expression in SHOWN_DEFAULTS:
-        return SHOWN_DEFAULTS[expression]
-    try:
-        value = ast.literal_eval(expression)
-    except ValueError:
-        value = constant(expression, module) if expression.isidentifier() else expression
-    return "unset" if value is None else f"`{str(value).lower() if isinstance(value, bool) else value}`"
-
-
 def model_args_page() -> str:
-    fields = spot_args_fields()
-    names = {f.name for f in fields}
-    stale = sorted(set(MODEL_ARG_NOTES) - names)
-    undocumented = [f.name for f in fields if not f.comment and f.name not in MODEL_ARG_NOTES]
-    if stale or undocumented:
-        raise SystemExit(f"docs/generate.py: model_args notes for fields SpotArgs no longer has: {stale or 'none'}; "
-                         f"fields with neither a trailing comment in SpotArgs nor a note in MODEL_ARG_NOTES: "
-                         f"{undocumented or 'none'}")
-    rows = []
-    for f in fields:
-        meaning = " ".join(part.rstrip(".") + "." for part in (f.comment, MODEL_ARG_NOTES.get(f.name, "")) if part)
-        rows.append([f"`{f.name}`", f"`{f.type}`", shown_default(f.default, LM), meaning])
-    return (banner("`SpotArgs` in spot_eval/harness/lm.py")
-            + "# model_args reference\n\n"
-            "Every option of `lm_eval --model spot --model_args ...`: the fields of `SpotArgs` "
-            "(`spot_eval/harness/lm.py`), in its order. Options are joined with commas, list items with `+` "
-            "(`methods=spot@8+spiffy@3`), booleans are `true`/`false`. Every value is parsed and checked by name "
-            "before a model loads: a bad one ends with one `error: ...` line and exit status 2. The "
-            "[lm_eval guide](../guides/lm-eval.md) shows them in use; `spot-eval decode` takes the same settings as "
-            "flags ([CLI reference](cli.md#decode)).\n\n"
-            + table(["option", "type", "default", "meaning"], rows))
+    from spot_eval.harness.model_args import GROUPS, OPTIONS
+    from spot_eval.harness.options import options
+
+    stale = sorted(set(MODEL_ARG_NOTES) - {o.name for o in OPTIONS})
+    bare = [o.name for o in OPTIONS if not o.help.strip()]
+    if stale or bare:
+        raise SystemExit(f"docs/generate.py: model_args notes for options that no longer exist: {stale or 'none'}; "
+                         f"options without a help text in their setting(): {bare or 'none'}")
+    parts = [banner("the settings classes' fields (spot_eval/harness/model_args.py)"), "# model_args reference\n\n",
+             "Every option of `lm_eval --model spot --model_args ...`, generated from the fields of the classes that hold "
+             "them, in their order: the same fields make `spot-eval decode`'s flags ([CLI reference](cli.md#decode)), "
+             "with dashes for underscores. Options are joined with commas, list items with `+` "
+             "(`methods=spot@8+spiffy@3`), booleans are `true`/`false`. Every value is parsed and checked by name before "
+             "a model loads: a bad one ends with one `error: ...` line and exit status 2. The "
+             "[lm_eval guide](../guides/lm-eval.md) shows them in use.\n\n"]
+    for title, cls in GROUPS:
+        rows = []
+        for o in options(cls):
+            kind = f"`{o.type_name}`" + (": " + ", ".join(f"`{c}`" for c in o.choices) if o.choices else "")
+            valued = o.default is not None and o.setting.shown is None
+            default = f"`{o.shown_default}`" if valued else o.shown_default
+            meaning = " ".join(part.rstrip(".") + "." for part in (o.help, MODEL_ARG_NOTES.get(o.name, "")) if part)
+            rows.append([f"`{o.name}`", kind, default, meaning])
+        parts += [f"## {title}\n\n", f"`{cls.__name__}` (`{cls.__module__.replace('.', '/')}.py`)\n\n",
+                  table(["option", "type", "default", "meaning"], rows), "\n"]
+    return "".join(parts).rstrip("\n") + "\n"
 
 
 # --- the CLI reference: every subcommand's --help --------------------------------------------------------------------

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -22,6 +22,30 @@ DREAM_EPS = 1e-3  # the last timestep of Dream's schedule, linspace(1, eps, step
 ACCEPTANCES = ("exact", "max_commit")  # how the walk follows the target down a draft tree (spot.acceptance)
 CONFIDENCES = ("probability", "margin", "entropy", "random")  # what ranks the masked positions (spot.policy.confidence_of)
 SEED_LIMIT = 2**32  # the noise key mixes the seed as one 32-bit word (spot.noise): larger seeds would alias
+
+
+@dataclass(frozen=True)
+class Setting:
+    """What a user sets a field by: every front door (lm_eval's model_args, `spot-eval decode`'s flags, the
+    model_args reference) is generated from these (spot_eval.harness.options).
+
+    help: one line on what it does. option: its name there, where it differs from the field's (the policy is
+    `unmasking`). choices: its allowed values. unset: what leaving it unset means, where a front door may
+    (the block length: the checkpoint's). aliases: older names a front door still takes. shown: how the docs
+    name a default whose value is this machine's own (a path).
+    """
+
+    help: str
+    option: str | None = None
+    choices: tuple[str, ...] = ()
+    unset: str | None = None
+    aliases: tuple[str, ...] = ()
+    shown: str | None = None
+
+
+def setting(default: object, help: str, **how: object) -> object:
+    """A dataclass field that users set (`Setting`'s fields as keywords)."""
+    return field(default=default, metadata={"setting": Setting(help, **how)})
 
 
 def _whole(name: str, value: object) -> None:
@@ -44,9 +68,9 @@ class Sampling:
     top_p: keep the smallest set whose probability reaches p (1.0 = off; the top token is always kept).
     """
 
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
+    temperature: float = setting(0.0, "sampling temperature T; 0 is greedy, above it a Gumbel-max draw with the coupled noise")
+    top_k: int = setting(0, "keep the k most likely tokens before the draw (0: off)")
+    top_p: float = setting(1.0, "keep the smallest set of tokens whose probability reaches p before the draw (1: off)")
 
     def __post_init__(self) -> None:
         _finite("temperature", self.temperature)
@@ -110,22 +134,32 @@ class DecodeConfig:
         orders; lossless, since every node of a tree is scored with the same draw).
     """
 
-    policy: str = "single"
-    threshold: float = 0.9
-    steps: int | None = None
-    block_length: int = 32
-    gen_length: int = 256
+    policy: str = setting("single", "the draft-free decoder every method reproduces: single | threshold (Fast-dLLM) | "
+                          "static | dynamic (SDAR's low_confidence_static / _dynamic) | timestep (Dream's schedule)",
+                          option="unmasking", choices=POLICIES, aliases=("policy",))
+    threshold: float = setting(0.9, "the confidence threshold tau of threshold and dynamic")
+    steps: int | None = setting(None, "denoising steps per block, for static and dynamic (SDAR's) and timestep (Dream's)",
+                                unset="the block length")
+    block_length: int = setting(32, "positions per block (K)", unset="the checkpoint's block_size")
+    gen_length: int = setting(256, "the most new tokens to decode")
     sampling: Sampling = Sampling()
-    seed: int = 0
+    seed: int = setting(0, "the root of the coupled noise: (seed, request) fixes the whole output; in [0, 2**32)")
     budget: int = 0
     stop_strings: tuple[str, ...] = ()
     acceptance: str = "exact"
-    cross_block: bool = False
-    stop_at_eos: bool = True
-    confidence: str = "probability"
-    mask_in_softmax: bool = False
-    first_token_commit: bool = False
-    alg_temp: float = 0.0
+    cross_block: bool = setting(False, "a drafted node that finishes its block carries the next block's first state into "
+                                       "the verify (lossless; block-causal targets)")
+    stop_at_eos: bool = setting(True, "end at the block that writes an EOS; false writes every block to gen_length, as "
+                                      "LLaDA's, Dream's and Fast-dLLM's generators do")
+    confidence: str = setting("probability", "what ranks the masked positions: probability (LLaDA, SDAR, Dream's "
+                                             "maskgit_plus) | margin (Dream's topk_margin) | entropy (Dream's entropy) | "
+                                             "random (a counter-keyed random order)", choices=CONFIDENCES)
+    mask_in_softmax: bool = setting(False, "the confidence's softmax counts the mask token too, as SDAR's, LLaDA's and "
+                                           "Dream's generators do")
+    first_token_commit: bool = setting(False, "step 0 of each block commits only its first position, from the block-start "
+                                              "forward (Fast-dLLM's Dream)")
+    alg_temp: float = setting(0.0, "timestep: draw the positions to commit from softmax(confidence / alg_temp) (Dream's "
+                                   "alg_temp; 0: the most confident)")
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:

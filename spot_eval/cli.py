@@ -11,7 +11,9 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from spot_eval.checkpoints.shipped import EMBEDDED_TARGET
+from spot.config import DecodeConfig
+from spot_eval.harness.options import add_flags, build, given, options
+from spot_eval.harness.settings import MAX_BUDGET, TargetSettings
 
 
 @dataclass(frozen=True)
@@ -25,29 +27,25 @@ class Command:
 
 
 def _target_flags(p: argparse.ArgumentParser) -> None:
-    """The flags that choose the target and where it runs (decode, collect, spiffy-calibrate); the same
-    names as lm_eval's model_args."""
-    p.add_argument("--pretrained", "--target", dest="pretrained", default=str(EMBEDDED_TARGET),
-                   help="model directory or hub id org/name (default: the embedded target; --target is the old name)")
-    p.add_argument("--revision", default=None, help="the hub id's branch, tag or commit (default: main)")
-    p.add_argument("--block-length", type=int, default=None, help="default: the checkpoint's block_size")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--dtype", default="auto", help="auto (float32 on cpu, bfloat16 on cuda) | float32 | bfloat16 | float16")
-    p.add_argument("--cache", default=None, choices=("dual", "prefix", "none", "nosuffix"),
-                   help="LLaDA/Dream only: the KV frozen per block (default dual; none: the uncached decoder; nosuffix: no masked suffix)")
+    """The flags that choose the target and where it runs (decode, profile, collect, spiffy-calibrate): the
+    settings of TargetSettings and the decoder's block length, under lm_eval's model_args names."""
+    add_flags(p, options(TargetSettings), only=("pretrained", "revision", "device", "dtype", "cache"))
+    add_flags(p, options(DecodeConfig), only=("block_length",))
 
 
-def _target(args: argparse.Namespace) -> tuple[str, object]:
-    """The checkpoint directory (a hub id resolved through the HF cache) and the dtype, checked."""
+def _target(args: argparse.Namespace) -> tuple[str, str, object]:
+    """The checkpoint directory (a hub id resolved through the HF cache), the device and the dtype, checked."""
     from spot_eval.checkpoints.target import resolve_checkpoint
-    from spot_eval.harness.settings import resolve_device, resolve_dtype
+    from spot_eval.harness.settings import check_cache, resolve_device, resolve_dtype
 
-    dtype = resolve_dtype("--dtype", args.dtype, resolve_device("--device", args.device))
-    return str(resolve_checkpoint(args.pretrained, args.revision, option="--pretrained")), dtype
+    device = resolve_device("--device", args.device)
+    dtype = resolve_dtype("--dtype", args.dtype, device)
+    check_cache("--cache", args.cache)
+    return str(resolve_checkpoint(args.pretrained, args.revision, option="--pretrained")), device, dtype
 
 
-def _threads_flag(p: argparse.ArgumentParser, text: str = "torch CPU threads (default: torch's choice)") -> None:
-    p.add_argument("--threads", type=int, default=None, help=text)
+def _threads_flag(p: argparse.ArgumentParser, text: str | None = None) -> None:
+    add_flags(p, options(TargetSettings), only=("threads",), helps={"threads": text} if text else None)
 
 
 def _set_threads(args: argparse.Namespace) -> None:
@@ -61,77 +59,26 @@ def _set_threads(args: argparse.Namespace) -> None:
 
 def _decode_flags(p: argparse.ArgumentParser) -> None:
     _target_flags(p)
-    p.add_argument("--method", default="draft_free", help="draft_free or a drafter: spot, spot_gamma, spiffy, random, adversarial, oracle")
+    add_flags(p, options(TargetSettings), only=("exact", "threads"))
+    p.add_argument("--method", default="draft_free", help="draft_free or a drafter: spot, spot_gamma, spiffy, sets, "
+                                                          "sets_max, random, adversarial, oracle")
     p.add_argument("--budget", default="0",
                    help="draft nodes per verify forward (0 with draft_free), or auto: sized per step by this device's verify cost")
-    p.add_argument("--max-budget", type=int, default=20, help="the cap of --budget auto")
-    p.add_argument("--unmasking", default="single",
-                   help="single | threshold (Fast-dLLM) | static | dynamic (SDAR's low_confidence_static / _dynamic) | "
-                        "timestep (Dream's schedule over --steps)")
-    p.add_argument("--threshold", type=float, default=0.9)
-    p.add_argument("--steps", type=int, default=None,
-                   help="denoising steps per block, for static, dynamic (SDAR's) and timestep (Dream's) (default: the block length)")
-    p.add_argument("--gen-length", type=int, default=256)
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-budget", type=int, default=MAX_BUDGET, help="the cap of --budget auto")
+    p.add_argument("--drafter", default=None, help="the method's checkpoint (.pt) or Spiffy graph (.json); default: the shipped one")
+    decoder = [o.name for o in options(DecodeConfig) if o.name != "block_length"]  # block_length: with the target's
+    add_flags(p, options(DecodeConfig), only=decoder)
     p.add_argument("--prompt", required=True)
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the tokenizer's chat template")
     p.add_argument("--json", action="store_true", help="print one JSON object (default: the text, then stats)")
-    p.add_argument("--drafter", default=None, help="the method's checkpoint (.pt) or Spiffy graph (.json); default: the shipped one")
-    p.add_argument("--exact", action="store_true",
-                   help="verify each draft piece exactly as a one-piece forward: tokens equal draft-free bit for bit in any dtype")
-    p.add_argument("--cross-block", action="store_true",
-                   help="a drafted node that finishes its block carries the next block's first state into the verify (lossless)")
-    p.add_argument("--confidence", default="probability",
-                   help="what ranks the masked positions: probability (LLaDA, SDAR, Dream's maskgit_plus) | margin "
-                        "(Dream's topk_margin) | entropy (Dream's entropy) | random (a counter-keyed random order)")
-    p.add_argument("--mask-in-softmax", action="store_true",
-                   help="the confidence's softmax counts the mask token too, as SDAR's, LLaDA's and Dream's generators do")
-    p.add_argument("--first-token-commit", action="store_true",
-                   help="step 0 of each block commits only its first position, from the block-start forward (Fast-dLLM's Dream)")
-    p.add_argument("--alg-temp", type=float, default=0.0,
-                   help="timestep: draw the positions to commit from softmax(confidence / alg-temp) (Dream's alg_temp; 0: the most confident)")
-    p.add_argument("--stop-at-eos", action=argparse.BooleanOptionalAction, default=True,
-                   help="end at the block that writes an EOS (default); --no-stop-at-eos writes every block to "
-                        "--gen-length, as LLaDA's, Dream's and Fast-dLLM's generators do")
-    _threads_flag(p)
 
 
 def _decode(args: argparse.Namespace) -> None:
     from spot_eval.harness.decode import decode_prompt
 
     _set_threads(args)
-    path, dtype = _target(args)
-    result = decode_prompt(
-        target=path,
-        method=args.method,
-        budget=_budget(args.budget),
-        max_budget=args.max_budget,
-        policy=args.unmasking,
-        threshold=args.threshold,
-        block_length=args.block_length,
-        gen_length=args.gen_length,
-        temperature=args.temperature,
-        top_k=args.top_k,
-        top_p=args.top_p,
-        seed=args.seed,
-        prompt=args.prompt,
-        chat=args.chat,
-        device=args.device,
-        drafter_path=args.drafter,
-        exact=args.exact,
-        dtype=dtype,
-        steps=args.steps,
-        cache=args.cache,
-        cross_block=args.cross_block,
-        stop_at_eos=args.stop_at_eos,
-        confidence=args.confidence,
-        alg_temp=args.alg_temp,
-        mask_in_softmax=args.mask_in_softmax,
-        first_token_commit=args.first_token_commit,
-    )
+    result = decode_prompt(build(TargetSettings, given(args, options(TargetSettings))), given(args, options(DecodeConfig)),
+                           args.method, _budget(args.budget), args.prompt, args.chat, args.drafter, args.max_budget)
     if args.json:
         print(json.dumps(result))
     else:
@@ -154,7 +101,7 @@ def _budget(text: str) -> int | str:
 
 def _profile_flags(p: argparse.ArgumentParser) -> None:
     _target_flags(p)
-    p.add_argument("--exact", action="store_true", help="profile the per-piece (exact) verify layout")
+    add_flags(p, options(TargetSettings), only=("exact",), helps={"exact": "profile the per-piece (exact) verify layout"})
     p.add_argument("--remeasure", action="store_true", help="measure again even when a cached profile matches")
     _threads_flag(p)
 
@@ -164,8 +111,8 @@ def _profile(args: argparse.Namespace) -> None:
     from spot_eval.harness.profile import cache_dir, profile_key, verify_profile
 
     _set_threads(args)
-    path, dtype = _target(args)
-    target = load_target(path, args.block_length, args.device, args.exact, dtype, args.cache)
+    path, device, dtype = _target(args)
+    target = load_target(path, args.block_length, device, args.exact, dtype, args.cache)
     profile = verify_profile(target, remeasure=args.remeasure)
     print(json.dumps({**profile.to_dict(), "file": str(cache_dir() / f"{profile_key(target).digest()}.json")}))
 
@@ -289,12 +236,11 @@ def _train_target(args: argparse.Namespace) -> None:
 def _collect_flags(p: argparse.ArgumentParser) -> None:
     _target_flags(p)
     p.add_argument("--out", required=True, help="trajectory directory (resumable: finished shards are skipped)")
-    p.add_argument("--policy", default="single", help="single | threshold")
-    p.add_argument("--threshold", type=float, default=0.9, help="confidence threshold of policy threshold")
-    p.add_argument("--gen-length", type=int, default=256)
+    add_flags(p, options(DecodeConfig), only=("unmasking", "threshold", "gen_length", "seed"),
+              helps={"unmasking": "the policy to record: single | threshold", "seed": "fixes the prompt sample and the "
+                     "sampling noise"})
     p.add_argument("--prompts", type=int, required=True, help="training prompts to decode (a seeded sample)")
     p.add_argument("--temperatures", default="0,1", help="comma-separated; they cycle over the prompts")
-    p.add_argument("--seed", type=int, default=0, help="fixes the prompt sample and the sampling noise")
     p.add_argument("--shard-size", type=int, default=32, help="requests per shard")
     p.add_argument("--topk", type=int, default=32, help="stale log-probabilities recorded per position")
     p.add_argument("--hidden-dims", type=int, default=0,
@@ -318,13 +264,13 @@ def _collect(args: argparse.Namespace) -> None:
     from spot_eval.training.collect import collect
 
     _set_threads(args)
-    path, dtype = _target(args)
+    path, device, dtype = _target(args)
     result = collect(
         target=path,
         dtype=dtype,
         cache=args.cache,
         out=args.out,
-        policy=args.policy,
+        policy=args.unmasking,
         block_length=args.block_length,
         gen_length=args.gen_length,
         prompts=args.prompts,
@@ -335,7 +281,7 @@ def _collect(args: argparse.Namespace) -> None:
         topk=args.topk,
         threshold=args.threshold,
         sources=tuple(args.sources),
-        device=args.device,
+        device=device,
         progress=lambda line: print(line, file=sys.stderr, flush=True),
         workers=args.workers,
         threads=args.threads,
@@ -348,7 +294,7 @@ def _collect(args: argparse.Namespace) -> None:
 def _train_drafter_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trajectories", nargs="+", required=True, help="trajectory directories (one target and block length)")
     p.add_argument("--out", required=True, help="the drafter checkpoint (.pt) to write")
-    p.add_argument("--policy", default="single", help="the policy the trajectories were recorded with")
+    add_flags(p, options(DecodeConfig), only=("unmasking",), helps={"unmasking": "the policy the trajectories were recorded with"})
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--steps", type=int, default=None, help="optimizer steps (default: --epochs passes)")
     p.add_argument("--epochs", type=float, default=1.0)
@@ -386,7 +332,7 @@ def _train_drafter(args: argparse.Namespace) -> None:
     def progress(p: Progress) -> None:
         print(f"step {p.step}/{p.steps} loss {p.loss:.4f} lr {p.lr:.2e} {p.seconds:.0f} s", file=sys.stderr, flush=True)
 
-    metrics = train_drafter(args.trajectories, args.out, args.policy, config, progress)
+    metrics = train_drafter(args.trajectories, args.out, args.unmasking, config, progress)
     print(f"order model parameters: {metrics['parameters']}", file=sys.stderr)
     print(json.dumps({"out": args.out, **{k: v for k, v in metrics.items() if k != "config"}}))
 
@@ -398,9 +344,8 @@ def _spiffy_calibrate_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-nodes", type=int, default=10, help="graph nodes beyond the root (Spiffy's D)")
     p.add_argument("--max-depth", type=int, default=6, help="deepest future counted (steps ahead)")
     p.add_argument("--topk", type=int, default=8, help="vocab ranks j counted; rarer futures are skipped")
-    p.add_argument("--gen-length", type=int, default=256)
-    p.add_argument("--unmasking", default="single", help="single | threshold (the policy the graph serves)")
-    p.add_argument("--threshold", type=float, default=0.9)
+    add_flags(p, options(DecodeConfig), only=("gen_length", "unmasking", "threshold"),
+              helps={"unmasking": "the policy the graph serves: single | threshold"})
     p.add_argument("--seed", type=int, default=0, help="fixes the prompt sample")
     p.add_argument("--chat", action=argparse.BooleanOptionalAction, default=True, help="wrap prompts in the chat template")
     _threads_flag(p)
@@ -410,7 +355,7 @@ def _spiffy_calibrate(args: argparse.Namespace) -> None:
     from spot_eval.training.spiffy_calibrate import calibrate
 
     _set_threads(args)
-    path, dtype = _target(args)
+    path, device, dtype = _target(args)
     result = calibrate(
         target=path,
         dtype=dtype,
@@ -426,7 +371,7 @@ def _spiffy_calibrate(args: argparse.Namespace) -> None:
         policy=args.unmasking,
         threshold=args.threshold,
         chat=args.chat,
-        device=args.device,
+        device=device,
         progress=lambda line: print(line, file=sys.stderr, flush=True),
     )
     print(json.dumps(dataclasses.asdict(result)))

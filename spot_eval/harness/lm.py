@@ -15,101 +15,24 @@ import json
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
-from typing import get_args, get_type_hints
 
 import torch
 from lm_eval.api.model import LM
 from tqdm import tqdm
 
-from spot import DecodeConfig, Request, Sampling, generate, generate_batch
-from spot.targets.dual_cache import CACHES
-from spot_eval.checkpoints.shipped import EMBEDDED_TARGET
+from spot import DecodeConfig, Request, generate, generate_batch
 from spot_eval.checkpoints.target import load_target, read_target, resolve_checkpoint, target_id
 from spot_eval.execution.sandbox import SandboxError, confinement
 from spot_eval.harness import settings
 from spot_eval.harness.interrupts import kept_interrupts
 from spot_eval.harness.lossless import MethodRecord, diverge
-from spot_eval.harness.methods import MAX_BUDGET, MethodSpec, build_drafter, drafter_file, parse_methods
+from spot_eval.harness.methods import MethodSpec, build_drafter, drafter_file, parse_methods
+from spot_eval.harness.model_args import SpotArgs
 from spot_eval.harness.parallel import Ranks
 from spot_eval.harness.profile import Refitted, auto_sizing, drafter_seconds, verify_profile
 from spot_eval.harness.session import RequestRecord, Session
 from spot_eval.tracking.store import check_uri
 from spot_eval.tracking.writer import TrackingConfig, git_commit, open_tracker
-
-
-@dataclass(frozen=True)
-class SpotArgs:
-    """The `--model_args` of `lm_eval --model spot`, with their defaults (see README)."""
-
-    pretrained: str = str(EMBEDDED_TARGET)  # a model directory, or a hub id read from the Hugging Face cache
-    revision: str | None = None  # the hub id's branch, tag or commit
-    methods: str = "spot+spiffy@3"  # SPOT at `budgets`, Spiffy pruned to D* = 3 (its paper default)
-    budgets: str = "8"
-    max_budget: int = MAX_BUDGET  # budget=auto's cap (methods=spot@auto)
-    unmasking: str = "single"  # single | threshold (Fast-dLLM) | static | dynamic (SDAR's schedules) | timestep (Dream's), with steps
-    threshold: float = 0.9
-    cross_block: bool = False  # a drafted node that finishes its block carries the next block's first state (lossless)
-    steps: int | None = None  # denoising steps per block, for static and dynamic (SDAR's) and timestep (Dream's)
-    confidence: str = "probability"  # what ranks masked positions: probability | margin | entropy | random (spot.config)
-    stop_at_eos: bool = True  # false: every block to gen_length, as the LLaDA/Dream/Fast-dLLM references write
-    alg_temp: float = 0.0  # timestep: positions drawn from softmax(confidence / alg_temp) (Dream's alg_temp)
-    mask_in_softmax: bool = False  # the confidence's softmax counts the mask token, as SDAR/LLaDA/Dream compute it
-    first_token_commit: bool = False  # step 0 of a block commits only its first position (Fast-dLLM's Dream)
-    block_length: int | None = None
-    gen_length: int = 256  # where a task names no max_gen_toks (a task's wins, and --gen_kwargs max_gen_toks=N over both)
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-    seed: int = 0
-    reference: bool = True
-    fail_on_divergence: bool = True
-    device: str = "auto"  # cuda:0 where CUDA is usable, else cpu; a device this machine lacks is refused
-    dtype: str = "auto"
-    cache: str | None = None  # LLaDA/Dream: the KV frozen per block, dual | prefix | none | nosuffix (spot.targets.dual_cache)
-    exact: bool = False  # verify in the per-piece layout: speculative tokens equal draft-free bit for bit in any dtype
-    threads: int | None = None  # torch CPU threads (default: torch's choice, one per core; 1 on a shared machine)
-    mlflow_tracking_uri: str | None = None
-    mlflow_experiment: str = "spot-eval"
-    output_dir: str | None = None  # the run directory (default: spot-eval-runs/<time>)
-
-    @classmethod
-    def parse(cls, kwargs: dict) -> SpotArgs:
-        """Typed values from lm-eval's model_args (strings, or numbers lm-eval coerced), each checked by name."""
-        known = {f for f in cls.__dataclass_fields__}
-        unknown = sorted(k for k in kwargs if k not in known)
-        if unknown:
-            hint = " (list items are joined with '+': methods=spot+spiffy, budgets=8+20)" if any(
-                kwargs[k] in ("", None) for k in unknown
-            ) else ""
-            raise ValueError(f"unknown model_args {', '.join(unknown)}{hint}; known: {', '.join(sorted(known))}")
-        hints = get_type_hints(cls)
-        coerce = {bool: settings.as_bool, int: settings.as_int, float: settings.as_float}
-        values = {}
-        for name, value in kwargs.items():
-            if value is None:
-                continue
-            kind = next((k for k in coerce if k == hints[name] or k in get_args(hints[name])), str)
-            values[name] = coerce[kind](name, value) if kind in coerce else str(value)
-        return cls(**values)
-
-    def decode_config(self, block_length: int) -> DecodeConfig:
-        """The decoder settings, validated (spot.config names any bad one)."""
-        return DecodeConfig(
-            policy=self.unmasking,
-            threshold=self.threshold,
-            steps=self.steps,
-            block_length=block_length,
-            gen_length=self.gen_length,
-            sampling=Sampling(self.temperature, self.top_k, self.top_p),
-            seed=self.seed,
-            cross_block=self.cross_block,
-            stop_at_eos=self.stop_at_eos,
-            confidence=self.confidence,
-            alg_temp=self.alg_temp,
-            mask_in_softmax=self.mask_in_softmax,
-            first_token_commit=self.first_token_commit,
-        )
-
 
 WINDOW = 8  # requests per batch slot decoded before their records are kept (batch size > 1)
 
@@ -157,7 +80,7 @@ class SpotLM(LM):
                 "raise gen_length or lower block_length"
             )
         if args.max_budget < 1:
-            raise ValueError(f"max_budget={args.max_budget}: budget=auto's cap must be >= 1 (default {MAX_BUDGET})")
+            raise ValueError(f"max_budget={args.max_budget}: budget=auto's cap must be >= 1 (default {settings.MAX_BUDGET})")
         self.specs: list[MethodSpec] = parse_methods(args.methods, args.budgets, args.max_budget)
         if self.specs and not args.reference:
             raise ValueError("reference=False leaves nothing to compare the methods with; drop methods or keep reference")
@@ -165,8 +88,7 @@ class SpotLM(LM):
             drafter_file(spec, block_length, self.config.policy)
             spec.config(self.config)  # a lossy method's acceptance rule is checked against the policy here
         settings.check_output_dir("output_dir", args.output_dir)
-        if args.cache is not None and args.cache not in CACHES:
-            raise ValueError(f"cache={args.cache!r}: use one of {', '.join(CACHES)} (LLaDA and Dream targets only)")
+        settings.check_cache("cache", args.cache)
         if args.threads is not None:
             if args.threads < 1:
                 raise ValueError(f"threads={args.threads}: use threads >= 1 (1 on a machine shared with other work)")

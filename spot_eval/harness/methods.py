@@ -21,12 +21,11 @@ from pathlib import Path
 from spot import DecodeConfig
 from spot.drafters import AdversarialDrafter, Drafter, OracleDrafter, RandomDrafter
 from spot_eval.checkpoints.shipped import shipped_drafter, shipped_policies
-from spot_eval.harness.settings import as_int
+from spot_eval.harness.settings import MAX_BUDGET, as_int
 
 LEARNED = ("spot", "spot_gamma", "spiffy", "sets", "sets_max")
 LOSSY = {"sets_max": "max_commit"}  # method -> its lossy acceptance rule (DecodeConfig.acceptance)
 AUTO = ("spot", "spot_gamma", "spiffy")  # the drafters that know their reach (budget=auto)
-MAX_BUDGET = 20  # budget=auto's default cap: the paper's largest budget
 REFERENCE = ("random", "adversarial", "oracle")  # need the draft-free trajectory (oracle, adversarial)
 KNOWN = LEARNED + REFERENCE
 _ITEM = re.compile(r"^(?P<name>[a-z_]+)(?:@(?P<budget>-?\d+|auto))?(?::(?P<path>.+))?$")

@@ -1,10 +1,15 @@
-"""One typed parse of a run's settings, shared by `lm_eval --model spot` and `spot-eval decode`.
+"""The settings beside the decoder's, one typed class each, and the checks every front door shares.
 
-Everything that can be checked is checked here, before a model loads or an MLflow run opens:
-types (lm-eval hands model_args over as strings, or as numbers it coerced: `-1` arrives as `-1.0`),
-booleans, the device and dtype, and the run directory. Ranges and finiteness of the decoding
-settings are `spot.config`'s (DecodeConfig, Sampling), so both front doors refuse the same values
-with the same words. Every error is one ValueError that names the setting, the value and the fix.
+`TargetSettings` (which checkpoint, where and how it runs), `RunSettings` (the methods an evaluation compares)
+and `TrackingSettings` (where its records go) hold them as fields declared with `spot.config.setting`, as
+`DecodeConfig` holds the decoder's: lm_eval's model_args, spot-eval's flags and the model_args reference are
+generated from those fields (spot_eval.harness.options).
+
+Everything that can be checked is checked here, before a model loads or an MLflow run opens: types
+(lm-eval hands model_args over as strings, or as numbers it coerced: `-1` arrives as `-1.0`), booleans,
+the device and dtype, and the run directory. Ranges and finiteness of the decoding settings are
+`spot.config`'s (DecodeConfig, Sampling), so both front doors refuse the same values with the same words.
+Every error is one ValueError that names the setting, the value and the fix.
 """
 
 from __future__ import annotations
@@ -17,8 +22,56 @@ from pathlib import Path
 
 import torch
 
+from spot.config import setting
+from spot.targets.dual_cache import CACHES
+from spot_eval.checkpoints.shipped import EMBEDDED_TARGET
+
 TRUE, FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+MAX_BUDGET = 20  # budget=auto's default cap: the paper's largest budget
+
+
+@dataclass(frozen=True)
+class TargetSettings:
+    """Which target, where, and how it runs (lm_eval's model_args and the flags of the commands that load one)."""
+
+    pretrained: str = setting(str(EMBEDDED_TARGET), "a model directory, or a hub id read from the Hugging Face cache",
+                              shown="the embedded target", aliases=("target",))
+    revision: str | None = setting(None, "the hub id's branch, tag or commit", unset="main")
+    device: str = setting("auto", "auto (cuda:0 where CUDA is usable, else cpu), cpu, cuda or cuda:N; a device this "
+                                  "machine lacks is refused")
+    dtype: str = setting("auto", "auto (float32 on a CPU, bfloat16 elsewhere), float32, bfloat16 or float16",
+                         choices=("auto", *DTYPES))
+    cache: str | None = setting(None, "LLaDA/Dream only: the KV frozen per block (dual; prefix; none: the uncached "
+                                      "decoder; nosuffix: no masked suffix)", choices=CACHES, unset="dual")
+    exact: bool = setting(False, "verify each draft piece exactly as a one-piece forward: speculative tokens equal "
+                                 "draft-free bit for bit in any dtype")
+    threads: int | None = setting(None, "torch CPU threads (1 on a machine shared with other work)",
+                                  unset="torch's choice, one per core")
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """What an evaluation compares with draft-free decoding, and what a divergence does."""
+
+    methods: str = setting("spot+spiffy@3", "the methods compared with draft-free decoding; by default SPOT at each "
+                                            "of budgets, and Spiffy pruned to D* = 3 (its paper default)")
+    budgets: str = setting("8", "+-joined budgets for the methods without @budget, or auto")
+    max_budget: int = setting(MAX_BUDGET, "budget=auto's cap (methods=spot@auto)")
+    reference: bool = setting(True, "decode draft-free too, and diff every method against it")
+    fail_on_divergence: bool = setting(True, "end with a non-zero exit naming the diverging requests, after everything "
+                                             "is logged")
+
+
+@dataclass(frozen=True)
+class TrackingSettings:
+    """Where an evaluation's records go."""
+
+    mlflow_tracking_uri: str | None = setting(None, "the MLflow tracking store", unset="sqlite:///mlflow.db here")
+    mlflow_experiment: str = setting("spot-eval", "the MLflow experiment of the run")
+    output_dir: str | None = setting(None, "the run directory", unset="spot-eval-runs/<time>")
 
 
 def as_bool(name: str, value: object) -> bool:
@@ -74,6 +127,11 @@ def resolve_device(name: str, value: str) -> str:
         raise ValueError(f"{name}={value!r}: spot decodes on cpu or cuda devices"
                          f"{'' if available else f' (and this machine has no {device.type})'}; use {name}=cpu")
     return str(device)
+
+
+def check_cache(name: str, value: str | None) -> None:
+    if value is not None and value not in CACHES:
+        raise ValueError(f"{name}={value!r}: use one of {', '.join(CACHES)} (LLaDA and Dream targets only)")
 
 
 def resolve_dtype(name: str, value: str, device: str) -> torch.dtype:
