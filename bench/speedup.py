@@ -95,7 +95,7 @@ def run_seed(target, prompts: list[list[int]], config: DecodeConfig, specs, seed
         for label, g in results.items():
             s, reference = g.stats, results["draft_free"].token_ids
             rows.append({
-                "seed": seed, "prompt": i, "label": label, "tokens": len(g.token_ids), "forwards": s.forwards,
+                "seed": seed, "prompt": i, "label": label, "tokens": len(g.token_ids), "forwards": s.forwards, "steps": s.steps,
                 "seconds": s.seconds, "drafter_seconds": s.drafter_seconds, "target_seconds": s.target_seconds,
                 "accepted_lengths": s.accepted_lengths, "draft_nodes": s.draft_nodes,
                 "lossless": g.token_ids == reference, "token_divergence": token_divergence(g.token_ids, reference),

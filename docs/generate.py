@@ -15,6 +15,7 @@ import argparse
 import ast
 import csv
 import html
+import json
 import os
 import sys
 import tomllib
@@ -27,6 +28,8 @@ MEASUREMENTS = ROOT / "results" / "measurements"
 COMPARISON = ROOT / "results" / "comparison"
 README = ROOT / "README.md"
 HEADLINE = ("<!-- generated:headline (docs/generate.py) -->", "<!-- /generated:headline -->")
+GLOSSARY = ("<!-- generated:ratios (docs/generate.py) -->", "<!-- /generated:ratios -->")
+TRACKING = DOCS / "tracking.md"
 ANCHOR_POLICY = "single"  # the decoding policy `spot-eval compare` reports every other one against
 
 
@@ -217,8 +220,22 @@ def measurement_sections(data: dict, level: str) -> str:
 def measurement_page(path: Path) -> str:
     data = tomllib.loads(path.read_text())
     source = path.relative_to(ROOT).as_posix()
+    latest = latest_run(path.parent / data["latest"]) if "latest" in data else ""
     return (banner(source) + f"# {data['title']}\n\n" + data["intro"].strip() + "\n\n"
-            + f"*Source: `{source}`. {data['source'].strip()}*\n" + measurement_sections(data, "##"))
+            + f"*Source: `{source}`. {data['source'].strip()}*\n" + latest + measurement_sections(data, "##"))
+
+
+def latest_run(path: Path) -> str:
+    """The latest clean-clone CI run, as bench/ci_time.py wrote it."""
+    if not path.is_file():
+        return "\n## The latest run\n\nNot measured yet: run `python bench/ci_time.py`.\n"
+    run = json.loads(path.read_text())
+    rows = [[run["date"], f"`{run['commit']}`", run["tests"], f"{run['coverage_percent']:.2f}%", f"{run['pytest_seconds']} s",
+             f"{run['other_seconds']} s", f"{run['total_seconds']} s ({run['total_seconds'] // 60} min {run['total_seconds'] % 60} s)"]]
+    slowest = [[f"{seconds:.1f} s", f"`{test}`"] for seconds, test in run["slowest"]]
+    return (f"\n## The latest run\n\nMeasured {run['date']} on a {run['machine']}:\n\n```bash\npython bench/ci_time.py\n```\n\n"
+            + table(["date", "commit", "tests", "coverage", "pytest", "installs, lint, docs", "total"], rows)
+            + f"\nIts {len(slowest)} slowest tests:\n\n" + table(["time", "test"], slowest))
 
 
 def history_page(paths: list[Path]) -> str:
@@ -388,13 +405,21 @@ def comparison_page() -> str:
 
 # --- everything together ------------------------------------------------------------------------------------------
 
-def replace_region(text: str, body: str) -> str:
-    start, end = HEADLINE
-    head, _, rest = text.partition(start)
+def replace_region(path: Path, body: str, markers: tuple[str, str] = HEADLINE) -> str:
+    start, end = markers
+    head, _, rest = path.read_text().partition(start)
     _, _, tail = rest.partition(end)
     if not rest or end not in rest:
-        raise SystemExit(f"docs/generate.py: README.md lacks the markers {start} ... {end}")
+        raise SystemExit(f"docs/generate.py: {path.relative_to(ROOT)} lacks the markers {start} ... {end}")
     return f"{head}{start}\n{body}{end}{tail}"
+
+
+def glossary() -> str:
+    """Every figure the reports print, as spot_eval/reports/results.py defines it (RATIOS)."""
+    from spot_eval.reports.results import OVER_SEEDS, RATIOS
+
+    rows = [[f"`{column}`", shown, meaning] for column, shown, meaning in RATIOS]
+    return table(["column", "shown as", "what it is"], rows) + f"\n{OVER_SEEDS}\n"
 
 
 def outputs() -> dict[Path, bytes | None]:
@@ -404,7 +429,8 @@ def outputs() -> dict[Path, bytes | None]:
         DOCS / "reference" / "cli.md": cli_page().encode(),
         DOCS / "development" / "layout.md": layout_page().encode(),
         DOCS / "results" / "comparison.md": comparison_page().encode(),
-        README: replace_region(README.read_text(), readme_headline()).encode(),
+        README: replace_region(README, readme_headline()).encode(),
+        TRACKING: replace_region(TRACKING, glossary(), GLOSSARY).encode(),
     }
     for path in sorted(MEASUREMENTS.glob("*.toml")):
         out[DOCS / "results" / page_name(path)] = measurement_page(path).encode()

@@ -16,11 +16,12 @@ import torch
 
 from spot import DecodeConfig, Sampling, generate
 from spot.drafters import AdversarialDrafter, OracleDrafter, RandomDrafter
-from spot.drafters.spiffy import SpiffyDrafter, load_graph
+from spot.drafters.spiffy import SpiffyDrafter
 from spot.drafters.spot import SpotDrafter
 from spot.targets import BlockCausalTarget
 from spot_eval.checkpoints.drafter import load_checkpoint
 from spot_eval.checkpoints.shipped import EMBEDDED_TARGET, shipped_drafter
+from spot_eval.checkpoints.spiffy_graph import load_graph
 from spot_eval.checkpoints.target import encode_prompt
 from spot_eval.data.datasets import load
 from spot_eval.harness.lossless import diverge

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pandas as pd
 import pytest
 
 from spot_eval.reports.compare import compare, write_comparison
 from spot_eval.reports.regression import Tolerances, find_regressions, gates, mcnemar_p, method_table
-from spot_eval.reports.results import Bundle, ResultsError, check_settings, combine, read_bundle
+from spot_eval.reports.results import Bundle, ResultsError, check_settings, combine, read_bundle, summarize
+from spot_eval.reports.table2 import numbers
 
 SETTINGS = {"target": "tiny", "block_length": 32, "gen_length": 256}
 
@@ -20,9 +22,11 @@ DIVERGENCE = {"index": 3, "block": 1, "step": 4, "flipped": "position", "margin"
 
 
 def sample(task, doc, label, forwards, seconds, seed=0, temperature=0.0, lossless=True):
-    return {"temperature": temperature, "seed": seed, "task": task, "doc_id": doc, "repeat": 0, "label": label,
-            "tokens": 100, "forwards": forwards, "steps": 100, "seconds": seconds, "drafter_seconds": 0.1 * seconds,
-            "accepted_lengths": [1, 2], "lossless": lossless, "divergence": None if lossless else DIVERGENCE}
+    """One samples row as a bundle holds it (spot_eval.reports.results.SAMPLE_FIELDS)."""
+    return {"temperature": temperature, "seed": seed, "policy": "single", "task": task, "doc_id": doc, "repeat": 0,
+            "label": label, "tokens": 100, "forwards": forwards, "steps": 100, "seconds": seconds,
+            "drafter_seconds": 0.1 * seconds, "accepted_lengths": [1, 2], "lossless": lossless,
+            "divergence": None if lossless else DIVERGENCE, "lossy": False, "token_divergence": 0.0, "draft_nodes": 0}
 
 
 def bundle(spot_forwards=20, spot_seconds=2.0, lossless=True, right=(1, 1, 1, 1, 0, 0), seed=0):
@@ -159,8 +163,11 @@ def test_mismatched_settings_and_corrupt_bundles_are_refused(tmp_path):
         check_settings([SETTINGS, {**SETTINGS, "block_length": 16}], ["a", "b"])
     path = bundle().write(tmp_path / "ok.json")
     read = read_bundle(path).samples
-    # a bundle written without each sample's policy decoded single-commit (runs record it since)
-    assert read.drop(columns="policy").shape == bundle().samples.shape and set(read.policy) == {"single"}
+    assert read.shape == bundle().samples.shape and set(read.policy) == {"single"}
+    unpolicied = bundle()
+    unpolicied.samples.drop(columns=["policy", "steps"], inplace=True)
+    with pytest.raises(ResultsError, match="its samples lack policy, steps; it is truncated, corrupt or older"):
+        read_bundle(unpolicied.write(tmp_path / "old.json"))
     (tmp_path / "cut.json").write_text(path.read_text()[:200])
     with pytest.raises(ResultsError, match="corrupt"):
         read_bundle(tmp_path / "cut.json")
@@ -169,3 +176,33 @@ def test_mismatched_settings_and_corrupt_bundles_are_refused(tmp_path):
         read_bundle(tmp_path / "other.json")
     with pytest.raises(ResultsError, match="does not exist"):
         read_bundle(tmp_path / "missing.json")
+
+
+def test_every_ratio_has_one_definition_on_literal_requests():
+    """Two requests of one seed: the ratios are of the sums (RATIOS), not means of per-request ratios."""
+    rows = [{**sample("gsm8k", 0, "draft_free", 10, 2.0), "steps": 10, "accepted_lengths": [1] * 10, "tokens": 10},
+            {**sample("gsm8k", 1, "draft_free", 30, 6.0), "steps": 30, "accepted_lengths": [1] * 30, "tokens": 30},
+            {**sample("gsm8k", 0, "spot@8", 2, 1.0), "steps": 10, "accepted_lengths": [9, 1], "tokens": 10, "draft_nodes": 16},
+            {**sample("gsm8k", 1, "spot@8", 20, 4.0), "steps": 30, "accepted_lengths": [2] * 10 + [1] * 10, "tokens": 30,
+             "draft_nodes": 160}]
+    row = summarize(pd.DataFrame(rows), ["task"]).set_index("label").loc["spot@8"]
+    assert row.forward_ratio == 40 / 22 and row.throughput_ratio == 8.0 / 5.0
+    assert row.accepted_mean == 40 / 22  # per-request means would give (5 + 1.5) / 2 = 3.25
+    assert row.tokens_per_forward == 40 / 22 and row.drafter_share == 0.1 and row.mean_tree_size == 176 / 22
+
+
+def test_the_nightly_and_the_comparison_print_the_same_tau_for_the_same_runs():
+    """tau of the sums over requests and seeds, in the nightly's method table and in Table 2 alike: on two seeds
+    of hand-written requests, and on a committed bundle."""
+    committed = read_bundle(Path(__file__).parent.parent / "results" / "comparison" / "threshold-t0" / "nightly.json")
+    uneven = combine([bundle(seed=0), bundle(spot_forwards=40, seed=1)])
+    for runs in (uneven, committed):
+        nightly = method_table(runs, None).set_index(["temperature", "task", "label"]).accepted_mean
+        comparison = numbers(runs).set_index(["temperature", "task", "label"]).accepted_mean
+        assert nightly.to_dict() == comparison.reindex(nightly.index).to_dict()
+    sums = uneven.samples.groupby("label")[["steps", "forwards"]].sum()
+    assert nightly_tau(uneven, "spot@8") == sums.loc["spot@8", "steps"] / sums.loc["spot@8", "forwards"] == 1200 / 360
+
+
+def nightly_tau(runs: Bundle, label: str) -> float:
+    return float(method_table(runs, None).set_index("label").loc[label, "accepted_mean"])

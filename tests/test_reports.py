@@ -40,7 +40,8 @@ def every_method_bundle(tasks=TASKS, seeds=(0, 1, 2), temperatures=(0.0, 1.0)) -
                                          "policy": policy, "tokens": 100, "forwards": f, "steps": forwards,
                                          "seconds": 1.0 + 0.1 * i + 0.05 * seed + 0.1 * k, "drafter_seconds": 0.0,
                                          "accepted_lengths": [1] * (f - forwards % f) + [2 + i % 3] * (forwards % f or 1),
-                                         "lossless": True, "divergence": None})
+                                         "lossless": True, "divergence": None, "lossy": False, "token_divergence": 0.0,
+                                         "draft_nodes": 0 if label == "draft_free" else 3 * f})
     accuracy = pd.DataFrame([{"temperature": t, "seed": s, "task": task, "metric": m, "value": v, "policy": p}
                              for t in temperatures for s in seeds for task in tasks for p in ("single", "threshold")
                              for m, v in (("exact_match,strict-match", 0.25), ("sample_len", 2.0), ("exact_match,flexible-extract", 0.5))])

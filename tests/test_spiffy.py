@@ -13,19 +13,9 @@ import torch
 from conftest import MASK_ID, VOCAB, tiny_target, write_checkpoint
 
 from spot import DecodeConfig, Sampling, generate
-from spot.drafters.spiffy import (
-    Formula,
-    SpiffyDrafter,
-    commit_offsets,
-    graph_from_dict,
-    graph_to_dict,
-    instantiate,
-    load_graph,
-    prune,
-    scores,
-)
+from spot.drafters.spiffy import Formula, SpiffyDrafter, commit_offsets, instantiate, prune, scores
 from spot.sizing import DraftMode, Sizing, VerifyCost
-from spot_eval.checkpoints.spiffy_graph import graph_for_target
+from spot_eval.checkpoints.spiffy_graph import graph_for_target, graph_from_dict, graph_to_dict, load_graph
 from spot_eval.checkpoints.target import load_target
 from spot_eval.cli import main
 from spot_eval.training.spiffy_calibrate import build_graph, count_futures, replay, select

@@ -39,7 +39,7 @@ from spot_eval.harness.parallel import ONE_PROCESS, Ranks
 from spot_eval.harness.rescore import score_texts
 from spot_eval.reports.plots import accepted_histogram, throughput_bars
 from spot_eval.reports.regression import describe, lossy_accuracy
-from spot_eval.reports.results import summarize
+from spot_eval.reports.results import RATIOS, summarize
 from spot_eval.tracking.writer import InputDataset, Tracker, safe_name
 
 
@@ -102,14 +102,11 @@ def outcomes(samples: dict) -> list[dict]:
     return rows
 
 
-LEGEND = (
-    "forward_ratio: draft-free target forwards / the method's (the hardware-independent saving). "
-    "throughput_ratio: draft-free seconds / the method's, same requests, this machine (on a CPU a verify of "
-    "P pieces costs about P forwards, so it lags the forward ratio; on a GPU small P are nearly free). "
-    "tokens_per_forward: output tokens per forward (below 1 where EOS or a stop string cuts a block whose "
-    "positions each took a step). lossless: the fraction of requests whose tokens equal draft-free's "
-    "(a lossy method's 1 - lossless is its divergence rate, by design)."
-)
+# The summary's columns in the words every report uses (spot_eval.reports.results.RATIOS), and why a CPU's differ.
+HEADLINE = ("throughput_ratio", "forward_ratio", "tokens_per_forward", "lossless")
+LEGEND = " ".join(f"{column}: {meaning}." for column, _, meaning in RATIOS if column in HEADLINE) + (
+    " On a CPU a verify of P pieces costs about P forwards, so the throughput ratio lags the forward ratio; on a GPU "
+    "small P are nearly free.")
 
 
 class Session:
@@ -327,7 +324,6 @@ def peak_memory_mb() -> float:
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         return torch.cuda.max_memory_allocated() / 2**20
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-HEADLINE = ("throughput_ratio", "forward_ratio", "tokens_per_forward", "lossless")
 
 
 def description(table: pd.DataFrame) -> str:

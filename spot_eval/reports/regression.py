@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from spot_eval.reports.results import Bundle, summarize
+from spot_eval.reports.results import Bundle, over_seeds, summarize
 
 
 @dataclass(frozen=True)
@@ -157,12 +157,11 @@ def method_table(new: Bundle, base: Bundle | None) -> pd.DataFrame:
 
 
 def _per_method(summary: pd.DataFrame) -> pd.DataFrame:
-    return summary.groupby(["temperature", "task", "label"], sort=False).agg(
-        throughput_ratio=("throughput_ratio", "mean"), throughput_std=("throughput_ratio", "std"),
-        forward_ratio=("forward_ratio", "mean"), forwards=("forwards", "sum"),
-        lossless=("lossless", "mean"), lossy=("lossy", "max"), token_divergence=("token_divergence", "mean"),
-        accepted_mean=("accepted_mean", "mean"), drafter_share=("drafter_share", "mean"), seeds=("seconds", "size"),
-    ).reset_index()
+    """Over the seeds (spot_eval.reports.results.over_seeds), under the nightly's names for the ratios' means."""
+    table = over_seeds(summary, ["temperature", "task"]).rename(columns={"throughput_mean": "throughput_ratio",
+                                                                          "forward_mean": "forward_ratio"})
+    return table[["temperature", "task", "label", "throughput_ratio", "throughput_std", "forward_ratio", "forwards", "lossless",
+                  "lossy", "token_divergence", "accepted_mean", "drafter_share", "seeds"]]
 
 
 def performance_changes(table: pd.DataFrame, tolerances: Tolerances) -> list[Finding]:

@@ -28,6 +28,8 @@ SAMPLE_FIELDS = (
     "seconds", "target_seconds", "drafter_seconds", "accepted_lengths", "lossless", "divergence", "draft_nodes",
     "mean_tree_size", "lossy", "token_divergence",
 )
+NEEDED = ("task", "label", "forwards", "steps", "seconds", "drafter_seconds", "tokens", "accepted_lengths", "lossless",
+          "lossy", "token_divergence", "draft_nodes")  # what `summarize` reads of each sample
 SETTINGS = ("target", "block_length", "gen_length")  # must agree for runs to share a table
 
 
@@ -189,12 +191,11 @@ def read_bundle(path: str | Path) -> Bundle:
         raise ResultsError(f"{path} is not a spot-eval results bundle (format {found!r}, expected {FORMAT!r})")
     try:
         samples = pd.DataFrame(data["samples"])
-        if samples.empty or not {"task", "label", "forwards", "seconds", "temperature", "seed"} <= set(samples.columns):
-            raise KeyError("samples")
+        missing = sorted({*NEEDED, "temperature", "seed", "policy"} - set(samples.columns))
+        if samples.empty or missing:
+            raise ResultsError(f"results bundle {path}: its samples lack {', '.join(missing) or 'every row'}; it is "
+                               "truncated, corrupt or older than this spot-eval: rerun the nightly")
         outcomes, accuracy = pd.DataFrame(data.get("outcomes") or []), pd.DataFrame(data.get("accuracy") or [])
-        # bundles written before runs recorded their policy decoded single-commit
-        samples, outcomes, accuracy = (f if f.empty or "policy" in f else f.assign(policy="single")
-                                       for f in (samples, outcomes, accuracy))
         return Bundle(data["settings"], data["runs"], samples, outcomes, accuracy, data.get("created", ""))
     except (KeyError, TypeError) as err:
         raise ResultsError(f"results bundle {path} lacks {err}; it is truncated or corrupt, rerun the nightly") from None
@@ -219,38 +220,76 @@ def read_any(path: str | Path) -> Bundle:
 # -- tables -------------------------------------------------------------------------------------------
 
 
-def summarize(samples: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
-    """Per keys + label: sums over the requests, and ratios against draft-free on the same keys.
+# Every figure the run summary, the nightly report, Table 2 and the comparison print, defined once (the docs'
+# glossary is generated from these): (column, how the reports show it, what it is).
+RATIOS = (
+    ("forward_ratio", "fwd ×", "draft-free target forwards / the method's, summed over the same requests: the "
+                               "hardware-independent saving"),
+    ("throughput_ratio", "tput ×", "draft-free seconds / the method's, summed over the same requests, each request's "
+                                   "methods decoded back to back in one process: the wall-clock speed-up on this device"),
+    ("accepted_mean", "τ", "decoding steps accepted per target forward: the sum of steps / the sum of forwards (1 for "
+                           "a draft-free decoder)"),
+    ("tokens_per_forward", "tokens / forward", "output tokens / target forwards (below 1 where EOS or a stop string cuts "
+                                               "a block whose positions each took a step)"),
+    ("drafter_share", "drafter share", "the drafter's seconds / all seconds"),
+    ("mean_tree_size", "tree size", "draft nodes verified / target forwards"),
+    ("lossless", "lossless", "the share of requests whose tokens equal draft-free's (of a lossy method, 1 - its "
+                             "divergence rate)"),
+)
+OVER_SEEDS = ("Over several seeds, the forward and throughput ratios are the mean (± std) of the per-seed ratios, and "
+              "τ, tokens per forward, the drafter share and the tree size are of the sums over every seed.")
 
-    throughput_ratio is draft-free seconds / method seconds (summed), forward_ratio likewise with
-    target forwards: the SPOT paper's definitions. Every request's methods are decoded back to back in one
-    process, so each request's draft-free and speculative seconds were measured side by side, whether in this
-    process or (resumed: the count of requests read back from lm-eval's cache) in an earlier one. lossy: the method differs from draft-free by design
-    (max-commit), so 1 - lossless is its divergence rate over requests and token_divergence (mean over
-    requests) over output positions, not a failure.
+
+def summarize(samples: pd.DataFrame, keys: list[str], anchor: str | None = None) -> pd.DataFrame:
+    """Per keys + label: the sums over the requests and every figure of `RATIOS`, against the draft-free decoder on
+    the same keys: the SPOT paper's definitions. Every request's methods are decoded back to back in one process,
+    so its draft-free and speculative seconds were measured side by side, in this process or (resumed: the count of
+    requests read back from lm-eval's cache) in an earlier one.
+
+    anchor: with "policy" among the keys, each policy's own draft-free decoder is measured against the `anchor`
+    policy's draft-free decoder on the same other keys (Table 2's threshold-decoding row over single commit);
+    without it a draft-free row is its own reference.
     """
     if samples.empty:
         return samples
-    df = samples.assign(accepted_mean=samples["accepted_lengths"].map(lambda a: sum(a) / max(len(a), 1)),
-                        verifies=samples["accepted_lengths"].map(len))
-    if "draft_nodes" not in df.columns:  # runs written before budget=auto recorded no tree sizes
-        df["draft_nodes"] = float("nan")
-    # Runs written before lossy methods existed: every method lossless, token divergence unmeasured.
-    df["lossy"] = df["lossy"].eq(True) if "lossy" in df.columns else False
-    if "token_divergence" not in df.columns:
-        df["token_divergence"] = float("nan")
-    df["resumed"] = df["resumed"].eq(True) if "resumed" in df.columns else False  # older runs resumed nothing
+    # A run directory's samples say which requests were resumed; a bundle's keep none of them.
+    df = samples.assign(verifies=samples["accepted_lengths"].map(len),
+                        resumed=samples["resumed"].eq(True) if "resumed" in samples.columns else False)
     grouped = df.groupby([*keys, "label"], sort=False).agg(
         requests=("forwards", "size"), resumed=("resumed", "sum"), tokens=("tokens", "sum"), forwards=("forwards", "sum"),
-        seconds=("seconds", "sum"), drafter_seconds=("drafter_seconds", "sum"),
+        steps=("steps", "sum"), seconds=("seconds", "sum"), drafter_seconds=("drafter_seconds", "sum"),
         lossless=("lossless", "mean"), lossy=("lossy", "max"), token_divergence=("token_divergence", "mean"),
-        accepted_mean=("accepted_mean", "mean"), draft_nodes=("draft_nodes", lambda x: x.sum(min_count=1)), verifies=("verifies", "sum"),
+        draft_nodes=("draft_nodes", "sum"), verifies=("verifies", "sum"),
     ).reset_index()
-    grouped["mean_tree_size"] = grouped.pop("draft_nodes") / grouped.pop("verifies").clip(lower=1)
-    base = grouped[grouped["label"] == "draft_free"].set_index(keys)
-    index = pd.MultiIndex.from_frame(grouped[keys]) if len(keys) > 1 else grouped[keys[0]]
-    grouped["forward_ratio"] = base["forwards"].reindex(index).to_numpy() / grouped["forwards"]
-    grouped["throughput_ratio"] = base["seconds"].reindex(index).to_numpy() / grouped["seconds"]
-    grouped["tokens_per_forward"] = grouped["tokens"] / grouped["forwards"]
-    grouped["drafter_share"] = grouped["drafter_seconds"] / grouped["seconds"]
-    return grouped
+    grouped["lossy"] = grouped["lossy"].astype(bool)
+    reference = grouped[grouped["label"] == "draft_free"].set_index(keys)[["forwards", "seconds"]]
+    own = grouped[keys].copy()
+    if anchor is not None and "policy" in keys:
+        own["policy"] = grouped["policy"].where(grouped["label"] != "draft_free", anchor)
+    over = reference.reindex(pd.MultiIndex.from_frame(own) if len(keys) > 1 else own[keys[0]])
+    grouped["forward_ratio"] = over["forwards"].to_numpy() / grouped["forwards"]
+    grouped["throughput_ratio"] = over["seconds"].to_numpy() / grouped["seconds"]
+    return _pooled(grouped)
+
+
+def _pooled(sums: pd.DataFrame) -> pd.DataFrame:
+    """The figures of `RATIOS` that are ratios of sums, whether the sums run over requests or over seeds."""
+    sums["accepted_mean"] = sums["steps"] / sums["forwards"]
+    sums["tokens_per_forward"] = sums["tokens"] / sums["forwards"]
+    sums["drafter_share"] = sums["drafter_seconds"] / sums["seconds"]
+    sums["mean_tree_size"] = sums["draft_nodes"] / sums["verifies"].clip(lower=1)
+    return sums
+
+
+def over_seeds(summary: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    """`summarize`'s table (with seed among its keys) per keys + label, keys without seed: each ratio's mean and std
+    over the seeds, and the other figures of the sums over them (`OVER_SEEDS`)."""
+    out = summary.groupby([*keys, "label"], sort=False).agg(
+        throughput_mean=("throughput_ratio", "mean"), throughput_std=("throughput_ratio", "std"),
+        forward_mean=("forward_ratio", "mean"), forward_std=("forward_ratio", "std"),
+        lossless=("lossless", "mean"), lossy=("lossy", "max"), token_divergence=("token_divergence", "mean"),
+        seeds=("seed", "nunique"), requests=("requests", "sum"), resumed=("resumed", "sum"), tokens=("tokens", "sum"),
+        forwards=("forwards", "sum"), steps=("steps", "sum"), seconds=("seconds", "sum"),
+        drafter_seconds=("drafter_seconds", "sum"), draft_nodes=("draft_nodes", "sum"), verifies=("verifies", "sum"),
+    ).reset_index()
+    return _pooled(out)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from spot_eval.reports.results import Bundle
+from spot_eval.reports.results import Bundle, over_seeds, summarize
 
 ANCHOR = "single"  # the policy every section is anchored on: standard single-commit decoding
 FAMILIES = ("draft_free", "spiffy", "spot", "spot_gamma", "sets", "sets_max")  # row order within a section
@@ -45,31 +45,10 @@ def display_name(label: str, policy: str = ANCHOR) -> str:
     return f"{DISPLAY.get(name, name)} @{budget}" if budget else DISPLAY.get(name, name)
 
 
-def _per_seed(bundle: Bundle) -> pd.DataFrame:
-    """Per policy, temperature, seed, task and label: sums over the requests, and ratios over the reference
-    (the policy's draft-free decoder; for that decoder itself, single-commit draft-free on the same requests)."""
-    samples = bundle.samples.assign(policy=bundle.samples.get("policy", ANCHOR))
-    if "steps" not in samples:  # bundles written before samples recorded steps
-        samples["steps"] = samples["accepted_lengths"].map(sum)
-    samples["lossy"] = samples["lossy"].eq(True) if "lossy" in samples else False
-    keys = ["policy", "temperature", "seed", "task"]
-    sums = samples.groupby([*keys, "label"], sort=False).agg(
-        requests=("forwards", "size"), forwards=("forwards", "sum"), seconds=("seconds", "sum"), steps=("steps", "sum"),
-        lossless=("lossless", "mean"), lossy=("lossy", "max"),
-    ).reset_index()
-    reference = sums[sums.label == "draft_free"].set_index(keys)[["forwards", "seconds"]]
-    # Each row's reference: its policy's draft-free decoder; for that decoder itself, the anchor's (itself under single commit).
-    policy = sums.policy.where(sums.label != "draft_free", ANCHOR)
-    over = reference.reindex(pd.MultiIndex.from_arrays([policy, sums.temperature, sums.seed, sums.task], names=keys))
-    sums["throughput_ratio"] = over["seconds"].to_numpy() / sums["seconds"]
-    sums["forward_ratio"] = over["forwards"].to_numpy() / sums["forwards"]
-    return sums
-
-
 def accuracy_metrics(bundle: Bundle) -> pd.DataFrame:
     """lm-eval's scores that are accuracy metrics (not sample_len), each with its decoding policy."""
     acc = bundle.accuracy
-    return acc if acc.empty else acc[~acc.metric.str.startswith("sample_len")].assign(policy=acc.get("policy", ANCHOR))
+    return acc if acc.empty else acc[~acc.metric.str.startswith("sample_len")]
 
 
 def _accuracy(bundle: Bundle) -> pd.DataFrame:
@@ -83,18 +62,16 @@ def _accuracy(bundle: Bundle) -> pd.DataFrame:
     return acc.groupby(["policy", "temperature", "task", "metric"], as_index=False).agg(accuracy=("value", "mean"))
 
 
+COLUMNS_OUT = ("policy", "temperature", "task", "label", "throughput_mean", "throughput_std", "forward_mean", "forward_std",
+               "lossless", "lossy", "seeds", "requests", "accepted_mean")  # what `spot-eval compare` writes, with the accuracy
+
+
 def numbers(bundle: Bundle) -> pd.DataFrame:
-    """Long form: per policy, temperature, task and label, each cell's numbers (mean and std over seeds)."""
-    per_seed = _per_seed(bundle)
-    out = per_seed.groupby(["policy", "temperature", "task", "label"], sort=False).agg(
-        throughput_mean=("throughput_ratio", "mean"), throughput_std=("throughput_ratio", "std"),
-        forward_mean=("forward_ratio", "mean"), forward_std=("forward_ratio", "std"),
-        steps=("steps", "sum"), forwards=("forwards", "sum"), lossless=("lossless", "mean"), lossy=("lossy", "max"),
-        seeds=("seed", "nunique"), requests=("requests", "sum"),
-    ).reset_index()
-    out["accepted_mean"] = out.pop("steps") / out.pop("forwards")
-    accuracy = _accuracy(bundle)
-    out = out.merge(accuracy, on=["policy", "temperature", "task"], how="left")
+    """Long form: per policy, temperature, task and label, each cell's numbers (spot_eval.reports.results: ratios are
+    the mean and std over seeds, tau of the sums), each policy's draft-free decoder over the single-commit anchor."""
+    keys = ["policy", "temperature", "task"]
+    out = over_seeds(summarize(bundle.samples, [*keys, "seed"], anchor=ANCHOR), keys)[list(COLUMNS_OUT)]
+    out = out.merge(_accuracy(bundle), on=keys, how="left")
     # A lossless method's text is draft-free's, so its score is too; a lossy one's own score is not at hand here.
     out.loc[out.lossy.astype(bool) | (out.lossless < 1), "accuracy"] = float("nan")
     return out.sort_values(["temperature", "policy", "task"], key=lambda c: c.map(_policy_rank) if c.name == "policy" else c,
