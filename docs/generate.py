@@ -286,9 +286,10 @@ def comparison_rows() -> list[dict]:
 
 
 def label_key(label: str) -> tuple:
-    name, _, budget = label.partition("@")
-    order = ("draft_free", "spiffy", "spot", "spot_gamma", "sets", "sets_max")
-    return (budget == "auto", order.index(name) if name in order else len(order), int(budget) if budget.isdigit() else 0)
+    """Table 2's row order (spot_eval.reports.table2.row_key)."""
+    from spot_eval.reports.table2 import row_key
+
+    return row_key(label)
 
 
 def verdict(rows: list[dict]) -> str:

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from spot import DecodeConfig, Sampling, generate
 from spot.config import CONFIDENCES, POLICIES, STEPPED
 from spot.drafters import AdversarialDrafter, OracleDrafter, RandomDrafter
+from spot.drafters.freedave import FreeDaveDrafter
 from spot.drafters.order_model import OrderModel
 from spot.drafters.spot import SpotDrafter
 from spot.drafters.stale import StaleOrder
@@ -82,6 +83,7 @@ def drafters(reference):
         AdversarialDrafter(reference.trajectory, VOCAB),
         OracleDrafter(reference.trajectory),
         untrained_spot(),
+        FreeDaveDrafter(),
     ]
 
 

@@ -16,6 +16,7 @@ import torch
 
 from spot import DecodeConfig, Sampling, generate
 from spot.drafters import AdversarialDrafter, OracleDrafter, RandomDrafter
+from spot.drafters.freedave import FreeDaveDrafter
 from spot.drafters.spiffy import SpiffyDrafter
 from spot.drafters.spot import SpotDrafter
 from spot.targets import BlockCausalTarget
@@ -100,7 +101,7 @@ def test_bf16_speculation_is_exact_in_the_exact_layout_and_diverges_only_at_near
     for request, ids in enumerate(prompts):
         for target in (exact, packed):
             reference = generate(target, ids, config, request=request, record=True, record_margins=True)
-            methods = [(OracleDrafter(reference.trajectory), 20), (spot, 8)]
+            methods = [(OracleDrafter(reference.trajectory), 20), (spot, 8), (FreeDaveDrafter(), 8)]
             if target is exact:
                 methods += [(AdversarialDrafter(reference.trajectory, vocab), 8), (RandomDrafter(vocab, seed=1), 2)]
                 methods += [(spiffy, 3)] if policy == "single" else []

@@ -17,6 +17,7 @@ LAYERS = {
     "cli": 4,
     "harness": 3,
     "reports": 2,
+    "families": 1,
     "training": 1,
     "tracking": 1,
     "checkpoints": 0,

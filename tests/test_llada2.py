@@ -19,6 +19,7 @@ from transformers import PreTrainedTokenizerFast
 from spot import DecodeConfig, Sampling, generate
 from spot.config import SCHEDULED
 from spot.drafters import AdversarialDrafter, OracleDrafter, RandomDrafter
+from spot.drafters.freedave import FreeDaveDrafter
 from spot.drafters.order_model import OrderModel
 from spot.drafters.spiffy import SpiffyDrafter
 from spot.drafters.spot import SpotDrafter
@@ -155,9 +156,10 @@ def every_drafter_is_lossless(target, policy: str, temperature: float) -> None:
         reference = generate(target, prompt, config, record=True)
         torch.manual_seed(0)
         drafters = [OracleDrafter(reference.trajectory), AdversarialDrafter(reference.trajectory, VOCAB),
-                    RandomDrafter(VOCAB, seed=2), SpotDrafter(OrderModel(), gate=0.9)]
+                    RandomDrafter(VOCAB, seed=2), SpotDrafter(OrderModel(), gate=0.9), FreeDaveDrafter()]
         if config.policy == "single":
-            drafters.append(SpiffyDrafter(calibrated(target, 16, "single"), prune_to=3))
+            graph = calibrated(target, 16, "single")
+            drafters += [SpiffyDrafter(graph, prune_to=3), SpiffyDrafter(graph, prune_to=3, order="calibration")]
         for drafter in drafters:
             for budget in (1, 8):
                 got = generate(target, prompt, replace(config, budget=budget), drafter=drafter)

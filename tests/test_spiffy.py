@@ -13,6 +13,7 @@ import torch
 from conftest import MASK_ID, VOCAB, tiny_target, write_checkpoint
 
 from spot import DecodeConfig, Sampling, generate
+from spot.drafters.base import DraftContext
 from spot.drafters.spiffy import Formula, SpiffyDrafter, commit_offsets, instantiate, prune, scores
 from spot.sizing import DraftMode, Sizing, VerifyCost
 from spot_eval.checkpoints.spiffy_graph import graph_for_target, graph_from_dict, graph_to_dict, load_graph
@@ -168,6 +169,23 @@ def test_pruning_keeps_the_best_connected_nodes_by_geometric_mean_score():
     assert prune(parents, local, 9) == [1, 2, 3, 4]
 
 
+def test_spiffy_v1_keeps_the_graph_in_calibration_order_where_v4_prunes_by_score():
+    """The same instantiated graph and budget 2: Spiffy v4 (the default) keeps the best-scoring connected nodes,
+    Spiffy v1 the first two of the graph's own order, with no online pruning."""
+    stale = torch.full((4, VOCAB), -30.0)  # log-softmax of it is PROBS' logs at IDS, to well within a millionth
+    stale.scatter_(1, IDS, PROBS.log())
+    graph = graph_from_dict(graph_dict(4))
+    ctx = DraftContext(STATE, stale, STATE, None, DecodeConfig(block_length=4), M, 0, 0, 1, 2, lambda step: None)
+    drafts = instantiate(graph, STATE, PROBS.log(), IDS, M, Sampling())
+    v4, v1 = SpiffyDrafter(graph, prune_to=2).draft(ctx), SpiffyDrafter(graph, prune_to=2, order="calibration").draft(ctx)
+    kept = [drafts.states[i].tolist() for i in prune(drafts.parents, drafts.local, 2)]
+    assert v4.states[1:].tolist() == kept and v1.states[1:].tolist() == drafts.states[1:3].tolist()
+    assert v4.states[1:].tolist() != v1.states[1:].tolist()
+    assert (SpiffyDrafter(graph).name, SpiffyDrafter(graph, order="calibration").name) == ("spiffy", "spiffy_v1")
+    with pytest.raises(ValueError, match="unknown order 'random'; choose score or calibration"):
+        SpiffyDrafter(graph, order="random")
+
+
 # -- losslessness in the engine ----------------------------------------------------------------
 
 
@@ -263,7 +281,7 @@ def test_calibration_is_deterministic_and_its_graph_decodes_losslessly(tmp_path,
     with pytest.raises(SystemExit) as exit_:
         main([*decode, "--method", "spiffy", "--budget", "3", "--drafter", str(outs[0]), "--unmasking", "threshold"])
     assert exit_.value.code == 2
-    assert "differs in policy: 'single' vs 'threshold'" in capsys.readouterr().err
+    assert "was calibrated for policy single, but this run decodes with policy threshold" in capsys.readouterr().err
 
 
 def test_spiffy_trees_carry_the_calibration_counts_as_reach_and_auto_stays_lossless():

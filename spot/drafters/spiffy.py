@@ -283,18 +283,26 @@ def prune(parents: Sequence[Sequence[int]], local: Sequence[float], keep: int) -
 
 
 class SpiffyDrafter:
-    """Spiffy over a calibrated graph: instantiate, prune to min(prune_to, budget), verify.
+    """Spiffy over a calibrated graph: instantiate, keep min(prune_to, budget) nodes, verify.
 
+    order: which nodes are kept. "score" (Spiffy v4, the default): the online pruning above, by each node's
+        geometric-mean score on the live distribution. "calibration" (Spiffy as first published [INF: peers.md],
+        `spiffy_v1`): the instantiated nodes in the graph's own order, the most often calibrated first, with no
+        online pruning; prune_to is then the D of the graph verified.
     topk: how many stale tokens per position are ranked (at least the graph's largest vocab rank + 1).
     """
 
-    name = "spiffy"
+    ORDERS = ("score", "calibration")
 
-    def __init__(self, graph: SpiffyGraph, prune_to: int | None = 3, topk: int = 32) -> None:
+    def __init__(self, graph: SpiffyGraph, prune_to: int | None = 3, topk: int = 32, order: str = "score") -> None:
         if prune_to is not None and prune_to < 1:
             raise ValueError(f"prune_to must be >= 1 (or None for the whole graph), got {prune_to}")
+        if order not in self.ORDERS:
+            raise ValueError(f"unknown order {order!r}; choose {' or '.join(self.ORDERS)}")
         self.graph = graph
         self.prune_to = prune_to
+        self.order = order
+        self.name = "spiffy" if order == "score" else "spiffy_v1"
         self.topk = max(topk, graph.max_token_rank + 1)
         self._reach = graph.reach  # per graph node; computed once, read by every tree
 
@@ -323,7 +331,8 @@ class SpiffyDrafter:
         keep = min(ctx.budget, self.prune_to if self.prune_to is not None else self.graph.size)
         rows = list(range(len(drafts.local)))
         if len(rows) - 1 > keep:
-            rows = [0, *prune(drafts.parents, drafts.local, keep)]
+            # Instantiated nodes keep the graph's order, parents first: its first keep + 1 rows are connected.
+            rows = [0, *prune(drafts.parents, drafts.local, keep)] if self.order == "score" else rows[: keep + 1]
         new = {old: i for i, old in enumerate(rows)}
         parents = tuple(tuple(new[p] for p in drafts.parents[r] if p in new) for r in rows)
         reach = None if self._reach is None else tuple(self._reach[drafts.nodes[r]] for r in rows)

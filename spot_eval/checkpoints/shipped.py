@@ -20,8 +20,8 @@ DRAFTERS = ASSETS / "drafters"
 # predictor (sets_b32.json) ships beside it for `sets@8:PATH`.
 _SPOT = {"single": "spot_b{k}.pt", "threshold": "spot_threshold_b{k}.pt"}
 _SETS = {"threshold": "sets_b{k}.pt"}
-_DRAFTER_FILES = {"spot": _SPOT, "spot_gamma": _SPOT, "spiffy": {"single": "spiffy_b{k}.json", "threshold": "spiffy_threshold_b{k}.json"},
-                  "sets": _SETS, "sets_max": _SETS}
+_SPIFFY = {"single": "spiffy_b{k}.json", "threshold": "spiffy_threshold_b{k}.json"}  # Spiffy v1 and v4 verify one graph
+_DRAFTER_FILES = {"spot": _SPOT, "spot_gamma": _SPOT, "spiffy": _SPIFFY, "spiffy_v1": _SPIFFY, "sets": _SETS, "sets_max": _SETS}
 
 
 def shipped_drafter(method: str, block_length: int, policy: str = "single") -> Path | None:

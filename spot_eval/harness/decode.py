@@ -7,7 +7,8 @@ from dataclasses import replace
 
 from spot import DecodeConfig, generate
 from spot_eval.checkpoints.target import encode_prompt, load_target, read_target, resolve_checkpoint
-from spot_eval.harness.methods import AUTO, KNOWN, MethodSpec, build_drafter, drafter_file
+from spot_eval.families import METHODS
+from spot_eval.harness.methods import AUTO, MethodSpec, build_drafter, drafter_file
 from spot_eval.harness.options import build, options, values_of
 from spot_eval.harness.profile import auto_sizing, drafter_seconds
 from spot_eval.harness.settings import MAX_BUDGET, TargetSettings, check_cache, resolve_device, resolve_dtype
@@ -32,8 +33,8 @@ def decode_prompt(
     max-commit) decodes under its own acceptance rule, and its output differs from draft-free decoding's by design.
 
     Returns the output, its figures, and every setting it was decoded under (the decoder's under their option names)."""
-    if method != DRAFT_FREE and method not in KNOWN:
-        raise ValueError(f"unknown method {method!r}; choose {DRAFT_FREE} or one of {', '.join(KNOWN)}")
+    if method != DRAFT_FREE and method not in METHODS:
+        raise ValueError(f"unknown method {method!r}; choose {DRAFT_FREE} or one of {', '.join(METHODS)}")
     if method == DRAFT_FREE and (budget or drafter_path):
         raise ValueError(f"method {DRAFT_FREE} takes no budget or --drafter; pick a drafter method to use them")
     auto = budget == "auto"

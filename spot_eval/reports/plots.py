@@ -18,11 +18,12 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
+from spot_eval import families  # noqa: E402
 from spot_eval.reports.table2 import ANCHOR, display_name, row_key  # noqa: E402
 
-# Okabe & Ito (2008), "Color universal design": one colour per method family.
-FAMILY_COLOURS = {"draft_free": "#999999", "spiffy": "#E69F00", "spot": "#0072B2", "spot_gamma": "#009E73",
-                  "sets": "#CC79A7", "sets_max": "#D55E00", "random": "#56B4E9", "adversarial": "#F0E442", "oracle": "#000000"}
+# Okabe & Ito (2008), "Color universal design": one colour per method family (spot_eval.families).
+FAMILY_COLOURS = {f.name: f.colour for f in families.FAMILIES}
+FAMILY_HATCHES = {f.name: f.hatch for f in families.FAMILIES}  # a variant beside its family (Spiffy v1, SSD)
 OTHER = "#666666"
 LARGE_BUDGET = 10  # budgets from here on are hatched: the paper's two budgets per method (8, 20; Spiffy 3, 10) differ
 
@@ -31,6 +32,7 @@ def style(label: str) -> dict:
     """Bar colour and hatch of a method label (`spot@20`, `spot@auto`, `draft_free`)."""
     name, _, budget = label.partition("@")
     hatch = "xx" if budget == "auto" else ("//" if budget.isdigit() and int(budget) >= LARGE_BUDGET else "")
+    hatch += FAMILY_HATCHES.get(name, "")
     return {"color": FAMILY_COLOURS.get(name, OTHER), "hatch": hatch, "edgecolor": "white" if hatch else None}
 
 

@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import pandas as pd
 
+from spot_eval import families
 from spot_eval.reports.results import Bundle, over_seeds, summarize
 
 ANCHOR = "single"  # the policy every section is anchored on: standard single-commit decoding
-FAMILIES = ("draft_free", "spiffy", "spot", "spot_gamma", "sets", "sets_max")  # row order within a section
-DISPLAY = {"draft_free": "draft-free", "spiffy": "Spiffy", "spot": "SPOT", "spot_gamma": "SPOT-γ", "sets": "SPOT-Sets",
-           "sets_max": "SPOT-Sets (max-commit)", "random": "random", "adversarial": "adversarial", "oracle": "oracle"}
+FAMILIES = tuple(f.name for f in families.FAMILIES)  # row order within a section
+DISPLAY = {f.name: f.display for f in families.FAMILIES}
 LOSSLESS, DIVERGED, INCONCLUSIVE, BY_DESIGN = "✓", "✗", "inconclusive", "lossy"
 COLUMNS = ("tput ×", "fwd ×", "τ", "acc.", "lossless")  # throughput and forward ratios; τ: mean accepted steps per forward (Spec-Bench)
 
