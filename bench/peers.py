@@ -1,0 +1,128 @@
+"""The lossless rivals side by side: forwards saved at equal pieces per verify, and wall clock, on every task.
+
+SPOT against the FreeDave chain under single-commit decoding, and SPOT-Sets against FreeDave++ (the chain on
+threshold decoding, tau 0.9), each at the same budgets (N drafted states beside the root: N + 1 pieces a verify),
+with the oracle drafter (the true future: N + 1 steps a verify) as the ceiling, on the embedded target at T = 0
+and T = 1. At T = 1 FreeDave's own sampling rule runs too (`freedave_reused`: the last forward's sample reused at
+every depth, FreeDave's code; spot.drafters.freedave) beside the coupled-noise chain.
+
+Every prompt is decoded draft-free and by every method in one process, back to back (the order rotating from
+prompt to prompt). Per (task, T, policy, method): forward_ratio and throughput_ratio of sums over the prompts
+(spot_eval.reports.results.RATIOS), and the median over prompts of each prompt's forward ratio, side by side;
+every method's tokens are checked against draft-free. Prints one JSON line per row, then a verdict line per
+(T, policy, budget): which of the trained and the training-free drafter saved more forwards, task by task.
+
+Usage: python bench/peers.py [--prompts 10] [--gen 128] [--budgets 4+8] [--tasks gsm8k+mbpp] [--threads 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from dataclasses import replace
+
+import torch
+from speedup import prompts_for
+
+from spot import DecodeConfig, Sampling, generate
+from spot.drafters import OracleDrafter
+from spot.drafters.freedave import FreeDaveDrafter
+from spot_eval.checkpoints.shipped import EMBEDDED_TARGET
+from spot_eval.checkpoints.target import encode_prompt, load_target
+from spot_eval.harness.methods import MethodSpec, build_drafter
+
+TASKS = ("gsm8k", "math500", "humaneval", "mbpp")
+TRAINED = {"single": "spot", "threshold": "sets"}  # the trained drafter each policy is measured with
+
+
+def methods(target, policy: str, budgets: list[int], temperature: float, reference) -> dict[str, tuple[int, object]]:
+    """label -> (budget, drafter) for one prompt (the oracle reads the prompt's draft-free trajectory)."""
+    out = {}
+    for n in budgets:
+        out[f"{TRAINED[policy]}@{n}"] = n, build_drafter(MethodSpec(TRAINED[policy], n), target, policy, threshold=0.9)
+        out[f"freedave@{n}"] = n, FreeDaveDrafter()
+        if temperature > 0:
+            out[f"freedave_reused@{n}"] = n, FreeDaveDrafter(name="freedave_reused", reuse_sample=True)
+        out[f"oracle@{n}"] = n, OracleDrafter(reference.trajectory)
+    return out
+
+
+def measure(target, prompts: list[list[int]], task: str, policy: str, temperature: float, budgets: list[int], gen: int) -> list[dict]:
+    config = DecodeConfig(policy=policy, threshold=0.9, block_length=target.block_length, gen_length=gen,
+                          sampling=Sampling(temperature), seed=1)
+    per: dict[str, list[tuple[int, float, bool]]] = {}
+    for i, ids in enumerate(prompts):
+        reference = generate(target, ids, config, request=i, record=True)
+        runs = {"draft_free": (reference.stats.forwards, reference.stats.seconds, True)}
+        drafters = methods(target, policy, budgets, temperature, reference)
+        labels = list(drafters)
+        for label in labels[i % len(labels):] + labels[: i % len(labels)]:
+            budget, drafter = drafters[label]
+            got = generate(target, ids, replace(config, budget=budget), drafter=drafter, request=i)
+            runs[label] = got.stats.forwards, got.stats.seconds, got.token_ids == reference.token_ids
+        for label, run in runs.items():
+            per.setdefault(label, []).append(run)
+    free = per["draft_free"]
+    rows = []
+    for label, runs in per.items():
+        rows.append({
+            "bench": "peers", "task": task, "temperature": temperature, "policy": policy, "method": label,
+            "requests": len(runs), "forward_ratio": sum(f for f, _, _ in free) / sum(f for f, _, _ in runs),
+            "forward_ratio_median": statistics.median(a[0] / b[0] for a, b in zip(free, runs, strict=True)),
+            "throughput_ratio": sum(s for _, s, _ in free) / sum(s for _, s, _ in runs),
+            "lossless": sum(ok for _, _, ok in runs) / len(runs),
+        })
+    return rows
+
+
+def verdicts(rows: list[dict], budgets: list[int]) -> list[dict]:
+    """Per (T, policy, budget): the trained drafter's and the chain's forward ratios per task, and which is ahead."""
+    out = []
+    for (temperature, policy) in sorted({(r["temperature"], r["policy"]) for r in rows}):
+        for n in budgets:
+            cell = {(r["task"], r["method"]): r["forward_ratio"] for r in rows
+                    if r["temperature"] == temperature and r["policy"] == policy}
+            trained, chain = f"{TRAINED[policy]}@{n}", f"freedave@{n}"
+            tasks = sorted({task for task, _ in cell})
+            out.append({"bench": "peers_verdict", "temperature": temperature, "policy": policy, "budget": n,
+                        "trained": trained, "free": chain,
+                        "ahead": {t: _ahead(cell[(t, trained)], cell[(t, chain)], trained, chain) for t in tasks},
+                        "trained_over_free": {t: cell[(t, trained)] / cell[(t, chain)] for t in tasks},
+                        "trained_share_of_bound": {t: (cell[(t, trained)] - 1) / (cell[(t, f'oracle@{n}')] - 1) for t in tasks},
+                        "free_share_of_bound": {t: (cell[(t, chain)] - 1) / (cell[(t, f'oracle@{n}')] - 1) for t in tasks}})
+    return out
+
+
+def _ahead(trained: float, free: float, trained_label: str, free_label: str) -> str:
+    return trained_label if trained > free else free_label if free > trained else "tie"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--prompts", type=int, default=10, help="prompts per task")
+    parser.add_argument("--gen", type=int, default=128)
+    parser.add_argument("--budgets", default="4+8")
+    parser.add_argument("--tasks", default="+".join(TASKS))
+    parser.add_argument("--temperatures", default="0+1")
+    parser.add_argument("--threads", type=int, default=None)
+    args = parser.parse_args()
+    torch.set_grad_enabled(False)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    target = load_target(EMBEDDED_TARGET, None, "cpu")
+    budgets = [int(b) for b in args.budgets.split("+")]
+    rows = []
+    for task in args.tasks.split("+"):
+        prompts = [encode_prompt(target, p, chat=True) for p in prompts_for(task, args.prompts)]
+        for temperature in (float(t) for t in args.temperatures.split("+")):
+            for policy in TRAINED:
+                for row in measure(target, prompts, f"spot_{task}", policy, temperature, budgets, args.gen):
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
+    for verdict in verdicts(rows, budgets):
+        print(json.dumps(verdict), flush=True)
+
+
+if __name__ == "__main__":
+    main()
