@@ -25,7 +25,7 @@ Values that cannot cross as plain data, and what the judge does (the `crossings`
   - an object of a class the program defines (MBPP 367's `Node`): a handle the tests may call, read and set
     attributes of, and hand back to the program ("program object"). The verdict is still computed here, on
     plain data, but the test's input is then the program's own object, which behaves as the program says: the
-    weaker guarantee, reported per problem (spot_eval.execution.problems, docs/sandbox.md).
+    weaker guarantee (`Outcome.weaker`; per task, `weaker_guarantee` in the task's YAML, and docs/sandbox.md).
 Comparing a handle, or asking its truth or length, fails the test: that would let the object decide.
 
 Run as `python -I -S -B judge.py CALL_FD REPLY_FD` with the spec (JSON) on stdin; prints the verdict (JSON).

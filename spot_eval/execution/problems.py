@@ -17,15 +17,6 @@ import builtins
 import functools
 from dataclasses import dataclass
 
-# The problems whose tests stay on a weaker guarantee, and why: their test inputs are objects of a class the
-# program defines, built through handles on the program's side (spot_eval.execution.judge, "program object").
-# Found by scoring every reference solution (bench/scoring_time.py); the test split of each task.
-WEAKER = {
-    "spot_mbpp": {"mbpp/367": "its test_setup_code builds trees of the program's own `Node` class"},
-    "spot_humaneval": {},
-}
-
-
 @dataclass(frozen=True)
 class Tests:
     """A problem's tests, as the judge runs them."""

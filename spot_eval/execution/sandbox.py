@@ -8,8 +8,8 @@ runs the problem's tests and computes the verdict. They talk over two pipes, in 
 test frame or a forged message on its pipe can make its functions return something, never make the tests pass.
 
 `run` / `run_many` are this side; `confinement()` says which layers the kernel granted (run.json and MLflow's
-`sandbox/*`); seccomp is the one that is required. What is not guaranteed: tests of an MBPP problem whose inputs are
-objects of the program's own classes (spot_eval.execution.problems.WEAKER) get those objects as the program
+`sandbox/*`); seccomp is the one that is required. What is not guaranteed: tests whose inputs are objects of the
+program's own classes (MBPP 367; `weaker_guarantee` in tasks/spot_mbpp.yaml) get those objects as the program
 builds them; and against a kernel exploit, only a container or a VM around the harness helps.
 """
 
