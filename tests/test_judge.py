@@ -4,10 +4,13 @@ it refuses."""
 
 from __future__ import annotations
 
+import os
+import threading
+
 import pytest
 
 from spot_eval.data import datasets
-from spot_eval.execution import problems
+from spot_eval.execution import judge, launcher, problems, wire
 from spot_eval.execution.judge import Handle, restore
 from spot_eval.execution.sandbox import Limits, run_many
 from spot_eval.execution.wire import NotPlainData
@@ -97,3 +100,68 @@ def test_restore_writes_the_programs_copy_into_the_tests_objects_in_place():
     grown = [1]
     restore(grown, [1, 2, 3])
     assert grown == [1, 2, 3]
+
+
+def judged(program: str, tests: str, prelude: str = "") -> dict:
+    """The judge against the launcher's server in this one process, over real pipes, without the sandbox: the
+    protocol alone (the CASES above run it across the boundary)."""
+    namespace: dict = {"__name__": "__sandbox__"}
+    exec(compile(program, "<program>", "exec"), namespace)
+    call_r, call_w = os.pipe()
+    reply_r, reply_w = os.pipe()
+
+    def serve() -> None:
+        wire.send(reply_w, wire.encode(("ready",)))
+        launcher._serve(namespace, call_r, reply_w)
+        os.close(reply_w)
+
+    server = threading.Thread(target=serve)
+    server.start()
+    tests_ = problems.Tests(tests, prelude)
+    spec = {"tests": tests_.code, "prelude": prelude, "names": tests_.program_names(), "filename": "<tests>"}
+    try:
+        return judge.judge(spec, judge.Channel(call_w, reply_r))
+    finally:
+        os.close(call_w)  # the server's end of the stream: it returns
+        server.join()
+        os.close(call_r)
+        os.close(reply_r)
+
+
+def test_the_protocol_in_one_process():
+    assert judged("def f(x):\n    return x * 2\n", "assert f(21) == 42") == {
+        "status": "passed", "message": "", "crossings": [], "left": False}
+    wrong = judged("def f(x):\n    return x\n", "def check(c):\n    assert c(21) == 42\ncheck(f)")
+    assert wrong["status"] == "failed" and wrong["message"].startswith("[spot-eval judge: a test failed]\nAssertionError")
+    assert "line 2 of <tests>" in wrong["message"]
+    # The prelude's helper is the judge's, whatever the program defines under its name.
+    helper = judged("def helper(x):\n    return 0\ndef f(x):\n    return helper(x)\n", "assert f(2) == helper(2)",
+                    prelude="def helper(x):\n    return x + 1\n")
+    assert helper["status"] == "failed"
+    objects = judged(NODE + DEPTH + "def gen(n):\n    yield from range(n)\n",
+                     "r = Node(1)\nr.left = Node(2)\nassert depth(r) == 2 and r.data == 1 and list(gen(2)) == [0, 1]")
+    assert objects["status"] == "passed" and objects["crossings"] == ["iterated", "program object"]
+    raised = judged("def f():\n    raise KeyError('k')\n", "try:\n    f()\nexcept KeyError:\n    pass")
+    assert raised["status"] == "passed"
+    # A built-in exception whose constructor wants more than a message comes back as ProgramError, named.
+    assert "ProgramError: UnicodeDecodeError: 'utf-8' codec can't decode bytes in position 0-0: x" in judged(
+        "def f():\n    raise UnicodeDecodeError('utf-8', b'', 0, 1, 'x')\n", "f()")["message"]
+
+
+@pytest.mark.parametrize("reply", [b"\x00garbage", wire.encode(True), wire.encode(("nonsense",)), wire.encode(("raised", 1))],
+                         ids=["bytes", "not a reply", "unknown reply", "malformed raise"])
+def test_a_malformed_reply_fails_the_tests_even_where_they_catch_everything(reply):
+    """What the program's side sends is decoded strictly: garbage or a reply of no known form ends the judging,
+    and the verdict fails even though the test swallows every exception."""
+    call_r, call_w = os.pipe()
+    reply_r, reply_w = os.pipe()
+    wire.send(reply_w, wire.encode(("ready",)))
+    wire.send(reply_w, wire.encode(("value", object()), reference=lambda obj: 0))  # the name f: a function
+    wire.send(reply_w, reply)  # what calling it returns
+    os.close(reply_w)
+    spec = {"tests": "try:\n    f()\nexcept BaseException:\n    pass", "prelude": "", "names": ["f"], "filename": "<tests>"}
+    verdict = judge.judge(spec, judge.Channel(call_w, reply_r))
+    assert (verdict["status"], verdict["left"]) == ("failed", True)
+    assert verdict["message"].startswith("[spot-eval judge: failed: the program's side sent")
+    for fd in (call_r, call_w, reply_r):
+        os.close(fd)

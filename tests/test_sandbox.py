@@ -257,11 +257,14 @@ def test_the_program_sees_nothing_outside_its_read_set() -> None:
 
 
 def test_without_its_filter_the_program_still_reaches_no_other_process(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """The program's own uid is the second wall: with the seccomp filter left out (a launcher that skips it),
-    prlimit64 and kill on the harness fail with EPERM, while prlimit64 on itself works."""
+    """The program's own uid is the second wall: with a seccomp filter that allows every call (a launcher whose
+    syscalls module says so), prlimit64 and kill on the harness fail with EPERM, while prlimit64 on itself works."""
+    allow_all = struct.pack("HBBI", syscalls.RET_K, 0, 0, syscalls.RET_ALLOW)
     launcher = tmp_path / "unfiltered_launcher.py"
-    launcher.write_text(f"import sys\nsys.path.insert(0, {str(sandbox._LAUNCHER.parent)!r})\nimport launcher\n"
-                        "launcher._install_seccomp = lambda libc: None\nlauncher.main(sys.argv)\n")
+    launcher.write_text(
+        f"import sys\nsys.path.insert(0, {str(sandbox._LAUNCHER.parent)!r})\nimport syscalls\n"
+        f"syscalls.seccomp_filter = lambda machine: {allow_all!r}\n"
+        f"path = {str(sandbox._LAUNCHER)!r}\nexec(compile(open(path).read(), path, 'exec'), {{'__name__': '__main__', '__file__': path}})\n")
     monkeypatch.setattr(sandbox, "_LAUNCHER", launcher)
     program = (
         "import ctypes, errno, os, signal\n"
@@ -275,3 +278,24 @@ def test_without_its_filter_the_program_still_reaches_no_other_process(monkeypat
     )
     outcome = run(program, FAST)
     assert outcome.passed, outcome.stderr + outcome.reason
+
+
+def test_the_new_root_keeps_the_links_on_the_way_to_the_read_set(tmp_path: Path) -> None:
+    """The read set as the launcher builds the new root from it: each link along a path (a merged /usr's
+    /lib -> usr/lib) is recreated under the root, pointing where it points outside, so the path resolves there
+    as it does here; the bind mounts then go on the real paths. Only the standard library's paths and the
+    system's libraries and time zones are in it, never the project or its virtual environment."""
+    from spot_eval.execution import launcher
+
+    directories, files = launcher._readable_paths()
+    assert str(PROJECT) not in directories and all(not d.startswith(str(PROJECT)) for d in directories)
+    assert "/etc/ld.so.cache" in files and "/dev/null" in files
+    root = str(tmp_path)
+    for path in directories + files:
+        assert launcher._mirror_links(root, path) == str(Path(path).resolve())
+        current = ""
+        for part in path.strip("/").split("/"):
+            current = f"{current}/{part}"
+            if Path(current).is_symlink():
+                assert (tmp_path / current.lstrip("/")).readlink() == Path(current).readlink()
+                current = str(Path(current).resolve())

@@ -129,8 +129,7 @@ class Channel:
         if type(value) is not Handle:
             raise wire.NotPlainData(f"the tests would hand the program a {type(value).__qualname__}, which cannot cross "
                                     "the boundary (only plain data and the program's own objects can)")
-        if not value._named:
-            self.crossings.add("program object")
+        self.crossings.add("program object")  # handed back to the program: an input the program built
         return value._number
 
     def receive(self) -> tuple:

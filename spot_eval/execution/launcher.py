@@ -39,9 +39,12 @@ import sys
 import traceback
 import types
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the siblings, by path (no site-packages)
-import syscalls  # noqa: E402
-import wire  # noqa: E402
+if __name__ == "__main__":  # the child: its siblings by path, before any confinement (no site-packages)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import syscalls
+    import wire
+else:  # imported by the tests, which drive the server in-process
+    from spot_eval.execution import syscalls, wire
 
 # Landlock (include/uapi/linux/landlock.h; the same syscall numbers on x86_64 and aarch64).
 _LANDLOCK_CREATE_RULESET, _LANDLOCK_ADD_RULE, _LANDLOCK_RESTRICT_SELF = 444, 445, 446
@@ -88,7 +91,8 @@ def _readable_paths() -> tuple[list[str], list[str]]:
     Not the rest of /etc, the home directories, the project, its virtual environment or the Hugging Face cache."""
     import sysconfig
 
-    paths = sysconfig.get_paths()
+    # The installation's paths, not a virtual environment's (whose lib/ holds only site-packages, which -S skips).
+    paths = sysconfig.get_paths(vars={"base": sys.base_prefix, "platbase": sys.base_exec_prefix})
     directories = [sys.base_prefix, sys.base_exec_prefix, paths["stdlib"], paths["platstdlib"],
                    "/lib", "/lib64", "/usr/lib", "/usr/lib64", "/usr/share/zoneinfo"]
     files = ["/etc/ld.so.cache", "/etc/localtime", "/dev/null", "/dev/urandom", "/dev/random"]

@@ -1,4 +1,5 @@
-"""pass@k of generated programs, each run with its problem's tests in the sandbox (spot_eval.execution.sandbox).
+"""pass@k of generated programs, each run in the sandbox and judged against its problem's tests outside it
+(spot_eval.execution.sandbox).
 
 Plain functions, without `evaluate`: importing `evaluate` costs ~5 s of CPU (it imports transformers' pipelines),
 which every process of an `lm_eval` run that scores spot_mbpp or spot_humaneval would pay before its first

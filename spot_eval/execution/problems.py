@@ -17,6 +17,7 @@ import builtins
 import functools
 from dataclasses import dataclass
 
+
 @dataclass(frozen=True)
 class Tests:
     """A problem's tests, as the judge runs them."""

@@ -1,4 +1,4 @@
-"""pass@k of generated programs, each run against its tests in `spot_eval.execution.sandbox`.
+"""pass@k of generated programs, each run in `spot_eval.execution.sandbox` and judged against its tests outside it.
 
 An `evaluate` metric loaded from its folder, `evaluate.load("<path to this folder>")`, so it needs no hub.
 It replaces the hub's `code_eval` that lm-eval's mbpp and humaneval tasks load: the same inputs and the same
