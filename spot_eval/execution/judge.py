@@ -86,6 +86,7 @@ class Handle:
         return self._channel.request("iter", self._number)
 
     def __next__(self):
+        self._channel.crossings.add("iterated")
         return self._channel.request("next", self._number)
 
     def __getattr__(self, name: str):
@@ -165,7 +166,7 @@ class Channel:
         program raised, rebuilt)."""
         reply = self.exchange(*message)
         kind = reply[0]
-        if kind == "value" and len(reply) >= 2:
+        if kind == "value" and len(reply) == 2:
             return reply[1]
         if kind == "stop":
             raise StopIteration

@@ -99,7 +99,8 @@ def _readable_paths() -> tuple[list[str], list[str]]:
     return [d for d in directories if os.path.isdir(d)], [f for f in files if os.path.exists(f)]
 
 
-def _enter_view(libc: ctypes.CDLL, workdir: str, disk_bytes: int, program: bytes) -> tuple[bool, int, int]:
+def _enter_view(libc: ctypes.CDLL, workdir: str, disk_bytes: int, program: bytes,
+                read_set: tuple[list[str], list[str]]) -> tuple[bool, int, int]:
     """Own mount and network namespaces and a new root holding only the read set and the working directory (a
     tmpfs of `disk_bytes` holding `program`, owned by the uid the program will run as). Returns (namespaces
     entered, the disk cap, that uid); (False, 0, own uid) where the kernel (or a policy such as an AppArmor
@@ -112,30 +113,15 @@ def _enter_view(libc: ctypes.CDLL, workdir: str, disk_bytes: int, program: bytes
         for name, line in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
             with open(f"/proc/self/{name}", "w") as f:
                 f.write(line)
-    program_uid = _OWN_UID_BASE + os.getpid() if root_harness else uid
+    program_uid, program_gid = (_OWN_UID_BASE + os.getpid(),) * 2 if root_harness else (uid, gid)
     _mount(libc, None, "/", None, _MS_REC | _MS_PRIVATE)  # nothing mounted from here on propagates out
     # The new root is a tmpfs over the working directory (empty but for the program, which is read already).
     root = workdir
     _mount(libc, "spot-sandbox-root", root, "tmpfs", _MS_NOSUID | _MS_NODEV, "size=1m,nr_inodes=4096,mode=0755")
-    directories, files = _readable_paths()
-    bound: list[str] = []
-    for path in sorted(directories, key=len) + files:
-        real = _mirror_links(root, path)
-        if any(real == b or real.startswith(b.rstrip("/") + "/") for b in bound):
-            continue  # beneath a directory bound already
-        target = root + real
-        if os.path.isdir(real):
-            os.makedirs(target, exist_ok=True)
-        else:
-            os.makedirs(os.path.dirname(target), exist_ok=True)
-            open(target, "a").close()
-        _mount(libc, real, target, None, _MS_BIND | _MS_REC)
-        kept = sum(flag for bit, flag in _LOCKED.items() if os.statvfs(real).f_flag & bit)
-        _mount(libc, None, target, None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | _MS_NOSUID | kept)
-        bound.append(real)
+    _bind_read_set(libc, root, read_set)
     home = root + os.path.realpath(workdir)
     os.makedirs(home, exist_ok=True)
-    options = f"size={disk_bytes},nr_inodes={_DISK_INODES},mode=0700,uid={program_uid},gid={program_uid if root_harness else gid}"
+    options = f"size={disk_bytes},nr_inodes={_DISK_INODES},mode=0700,uid={program_uid},gid={program_gid}"
     _mount(libc, "spot-sandbox", home, "tmpfs", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, options)
     with open(os.path.join(home, "program.py"), "wb") as f:
         f.write(program)
@@ -148,6 +134,27 @@ def _enter_view(libc: ctypes.CDLL, workdir: str, disk_bytes: int, program: bytes
         raise OSError(ctypes.get_errno(), "umount2(old root)")
     os.chdir(os.path.realpath(workdir))
     return True, disk_bytes, program_uid
+
+
+def _bind_read_set(libc: ctypes.CDLL, root: str, read_set: tuple[list[str], list[str]]) -> None:
+    """Bind each path of the read set, read-only, at its own place under `root` (a directory beneath one bound
+    already comes with it), with the links on the way to it."""
+    directories, files = read_set
+    bound: list[str] = []
+    for path in sorted(directories, key=len) + files:
+        real = _mirror_links(root, path)
+        if any(real == b or real.startswith(b.rstrip("/") + "/") for b in bound):
+            continue
+        target = root + real
+        if os.path.isdir(real):
+            os.makedirs(target, exist_ok=True)
+        else:  # a file (the loader cache, a device) is bound onto an empty file
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            open(target, "a").close()
+        _mount(libc, real, target, None, _MS_BIND | _MS_REC)
+        kept = sum(flag for bit, flag in _LOCKED.items() if os.statvfs(real).f_flag & bit)
+        _mount(libc, None, target, None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | _MS_NOSUID | kept)
+        bound.append(real)
 
 
 def _mirror_links(root: str, path: str) -> str:
@@ -165,7 +172,7 @@ def _mirror_links(root: str, path: str) -> str:
     return os.path.realpath(path)
 
 
-def _restrict_files(libc: ctypes.CDLL, workdir: str) -> int:
+def _restrict_files(libc: ctypes.CDLL, workdir: str, read_set: tuple[list[str], list[str]]) -> int:
     """Landlock: reading only beneath `_readable_paths()` and `workdir`; writing, creating and removing only beneath
     `workdir` (and writing /dev/null); TCP, device ioctls and, from ABI 6, signals and abstract unix sockets kept
     inside the program. Returns the ABI used (0: none)."""
@@ -188,7 +195,7 @@ def _restrict_files(libc: ctypes.CDLL, workdir: str) -> int:
     ruleset = libc.syscall(_LANDLOCK_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(size), ctypes.c_uint32(0))
     if ruleset < 0:
         return 0
-    directories, readable_files = _readable_paths()
+    directories, readable_files = read_set
     # The working directory: everything but device ioctls (it is a tmpfs; there are no devices on it).
     rules = [(workdir, handled & ~_FS_IOCTL_DEV), ("/dev/null", _FS_READ_FILE | files)]
     rules += [(d, reads) for d in directories] + [(f, _FS_READ_FILE) for f in readable_files if f != "/dev/null"]
@@ -231,11 +238,12 @@ def _confine(argv: list[str]) -> str:
         program = f.read()
     libc = _libc()
     harness_uid = os.getuid()
-    namespaces, disk, program_uid = _enter_view(libc, workdir, disk_bytes, program)
+    read_set = _readable_paths()  # here, before any namespace, in the harness's view of the file system
+    namespaces, disk, program_uid = _enter_view(libc, workdir, disk_bytes, program, read_set)
     pr_set_no_new_privs = 38
     if libc.prctl(pr_set_no_new_privs, 1, 0, 0, 0) != 0:  # Landlock and seccomp both require it
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
-    landlock_abi = _restrict_files(libc, os.path.realpath(workdir))
+    landlock_abi = _restrict_files(libc, os.path.realpath(workdir), read_set)
     if program_uid != os.getuid():  # root: drop to a uid of its own, with every capability
         os.setgroups([])
         os.setresgid(program_uid, program_uid, program_uid)
