@@ -143,6 +143,15 @@ def test_the_protocol_in_one_process():
     assert objects["status"] == "passed" and objects["crossings"] == ["iterated", "program object"]
     raised = judged("def f():\n    raise KeyError('k')\n", "try:\n    f()\nexcept KeyError:\n    pass")
     assert raised["status"] == "passed"
+    mutated = judged("def f(xs):\n    xs.append(len(xs))\n", "a = []\nf(a)\nf(xs=a)\nassert a == [0, 1]")
+    assert (mutated["status"], mutated["crossings"]) == ("passed", ["argument sent back"])
+    exited = judged("import sys\ndef f():\n    sys.exit(0)\n", "try:\n    f()\nexcept BaseException:\n    pass")
+    assert (exited["status"], exited["left"]) == ("failed", True) and "raised SystemExit" in exited["message"]
+    # A module the program imported is the judge's own import of the standard-library module of that name (an
+    # alias names none); a name the program lacks is a NameError, as upstream.
+    assert judged("import json\n", "assert json.dumps([1]) == '[1]'")["status"] == "passed"
+    assert "NameError: name 'm' is not defined" in judged("import math as m\n", "m.sqrt(4)")["message"]
+    assert "NameError: name 'g' is not defined" in judged("x = 1\n", "g()")["message"]
     # A built-in exception whose constructor wants more than a message comes back as ProgramError, named.
     assert "ProgramError: UnicodeDecodeError: 'utf-8' codec can't decode bytes in position 0-0: x" in judged(
         "def f():\n    raise UnicodeDecodeError('utf-8', b'', 0, 1, 'x')\n", "f()")["message"]
@@ -163,5 +172,17 @@ def test_a_malformed_reply_fails_the_tests_even_where_they_catch_everything(repl
     verdict = judge.judge(spec, judge.Channel(call_w, reply_r))
     assert (verdict["status"], verdict["left"]) == ("failed", True)
     assert verdict["message"].startswith("[spot-eval judge: failed: the program's side sent")
+    for fd in (call_r, call_w, reply_r):
+        os.close(fd)
+
+
+def test_a_program_that_raised_before_its_tests_fails_with_what_it_raised():
+    call_r, call_w = os.pipe()
+    reply_r, reply_w = os.pipe()
+    wire.send(reply_w, wire.encode(("raised", "ValueError", "boom")))
+    os.close(reply_w)
+    verdict = judge.judge({"tests": "", "prelude": "", "names": [], "filename": "<tests>"}, judge.Channel(call_w, reply_r))
+    assert verdict == {"status": "failed", "message": "[spot-eval judge: failed: the program raised ValueError before its "
+                       "tests (boom)]", "crossings": [], "left": False}
     for fd in (call_r, call_w, reply_r):
         os.close(fd)
