@@ -1,9 +1,10 @@
 """Which system calls benchmark programs make inside the sandbox: how the seccomp allow list
 (spot_eval/execution/syscalls.py) was derived.
 
-Runs the HumanEval canonical solutions and the MBPP reference solutions, each with its tests, through the
-sandbox with `strace -f` on the child, and counts, per system call made after the child installed its
-seccomp filter (the program, its tests and the interpreter's exit), how many programs made it. Prints one
+Runs the HumanEval canonical solutions and the MBPP reference solutions, each judged against its tests, through
+the sandbox with `strace -f` on the child, and counts, per system call made after the child installed its
+seccomp filter (the program, its answers to the judge's calls and the interpreter's exit), how many programs
+made it. Prints one
 JSON line: the machine, the programs and how many passed, the calls (name -> programs), and the calls that
 the allow list lacks (`missing`, empty when the list covers every program) or has that no program made.
 A call the allow list lacks shows as an EPERM in the trace, so `missing` is read from the trace, not from
@@ -24,7 +25,7 @@ import tempfile
 from pathlib import Path
 
 from spot_eval.data import datasets
-from spot_eval.execution import sandbox, syscalls
+from spot_eval.execution import problems, sandbox, syscalls
 
 # strace -f lines: "<pid> name(args...) = result", or "<pid> <... name resumed> ..." for a call that another
 # process's line interrupted.
@@ -32,13 +33,11 @@ _CALL = re.compile(r"^(?:\d+\s+)?(?:<\.\.\. )?([a-z_0-9]+)(?:\(| resumed>)")
 _INSTALLED = re.compile(r"prctl\(PR_SET_SECCOMP|seccomp\(SECCOMP_SET_MODE_FILTER")
 
 
-def programs(splits: list[str]) -> list[tuple[str, str, str]]:
+def programs(splits: list[str]) -> list[tuple[str, str, problems.Tests]]:
     """(name, program, tests) of every HumanEval problem and MBPP item of `splits`, as the code tasks build them."""
-    out = [(p["task_id"], p["prompt"] + p["canonical_solution"], f"{p['test']}\ncheck({p['entry_point']})")
-           for p in datasets.load("humaneval_test")]
+    out = [(p["task_id"], p["prompt"] + p["canonical_solution"], problems.humaneval(p)) for p in datasets.load("humaneval_test")]
     for split in splits:
-        out += [(f"mbpp/{d['task_id']}", d["code"], "\n".join([d["test_setup_code"], *d["test_list"]]))
-                for d in datasets.mbpp_split(split)]
+        out += [(f"mbpp/{d['task_id']}", d["code"], problems.mbpp(d)) for d in datasets.mbpp_split(split)]
     return out
 
 

@@ -20,9 +20,9 @@ LAYERS = {
     "families": 1,
     "training": 1,
     "tracking": 1,
+    "execution": 1,  # it knows the benchmark problems (spot_eval.data) to judge their tests
     "checkpoints": 0,
     "data": 0,
-    "execution": 0,
 }
 
 

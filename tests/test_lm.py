@@ -68,7 +68,7 @@ def test_the_real_lm_eval_console_script_runs_every_task_offline_into_one_mlflow
     run_json = json.loads((run_dir / "run.json").read_text())
     assert run_json["decoder"]["gen_length"] == 32
     assert run_json["sandbox"] == {"seccomp": True, "landlock_abi": run_json["sandbox"]["landlock_abi"], "namespaces": True,
-                                   "disk_bytes": 64 << 20, "gaps": []}
+                                   "disk_bytes": 64 << 20, "own_uid": True, "gaps": []}
     outcomes = [json.loads(line) for line in (run_dir / "outcomes.jsonl").open()]
     assert {(o["doc_id"], o["filter"], o["metric"]) for o in outcomes if o["task"] == "spot_gsm8k"} == {
         (d, f, "exact_match") for d in (0, 1) for f in ("strict-match", "flexible-extract")}

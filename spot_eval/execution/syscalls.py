@@ -18,6 +18,11 @@ directory listing and creation inside the working directory, process identity, a
 purpose: creating processes and threads (clone, fork, execve), every socket call, signalling or reading other
 processes, namespaces and mounts, deleting and renaming files, pipes, memfd, io_uring, bpf, keyrings, prctl.
 
+The calls that name a process, `prlimit64` and `sched_getaffinity`, are allowed only with pid 0 (the caller),
+checked on their first argument: a program can read and set its own limits (CPython's `resource` does), never the
+harness's or another process's (RLIMIT_NOFILE = 3 on the harness would kill it with EMFILE). The kernel reads a
+pid_t, the low 32 bits of the argument, so those are what the filter compares.
+
 `ioctl` is allowed only for the terminal queries (TCGETS, TIOCGWINSZ) and the close-on-exec flags (FIOCLEX,
 FIONCLEX) that CPython makes; any other request fails.
 
@@ -50,6 +55,9 @@ GROUPS: dict[str, tuple[str, ...]] = {
                  "getrlimit", "getrusage", "sched_getaffinity", "sched_yield", "getrandom"),
     "exit": ("exit", "exit_group"),
 }
+
+# Allowed only when their first argument, a pid, is 0: the calling process itself.
+OWN_PROCESS_ONLY = ("prlimit64", "sched_getaffinity")
 
 # ioctl requests allowed (asm-generic/ioctls.h; the same on x86_64 and aarch64)
 IOCTLS = {"TCGETS": 0x5401, "TIOCGWINSZ": 0x5413, "FIONCLEX": 0x5450, "FIOCLEX": 0x5451}
@@ -85,10 +93,10 @@ X32_SYSCALL_BIT = 0x40000000
 
 # Classic-BPF opcodes (BPF_LD|BPF_W|BPF_ABS, BPF_JMP|BPF_JEQ|BPF_K, BPF_JMP|BPF_JGE|BPF_K, BPF_RET|BPF_K) and
 # seccomp verdicts (SECCOMP_RET_ALLOW; SECCOMP_RET_ERRNO with errno EPERM), from linux/filter.h and seccomp.h.
-# Offsets into struct seccomp_data: nr 0, arch 4, args[1] (its low 32 bits, little-endian) 24.
+# Offsets into struct seccomp_data: nr 0, arch 4, args[0] and args[1] (their low 32 bits, little-endian) 16, 24.
 LD_W_ABS, JEQ_K, JGE_K, RET_K = 0x20, 0x15, 0x35, 0x06
 RET_ALLOW, RET_EPERM = 0x7FFF0000, 0x00050000 | 1
-_NR, _ARCH, _ARG1 = 0, 4, 24
+_NR, _ARCH, _ARG0, _ARG1 = 0, 4, 16, 24
 
 
 class UnknownArchitecture(ValueError):
@@ -104,10 +112,11 @@ def allowed(machine: str) -> dict[str, int]:
 
 
 def seccomp_filter(machine: str) -> bytes:
-    """A classic-BPF program over `struct seccomp_data`: EPERM for another ABI, for every call not allowed and for
-    an ioctl request not in IOCTLS; allow the rest."""
+    """A classic-BPF program over `struct seccomp_data`: EPERM for another ABI, for every call not allowed, for an
+    ioctl request not in IOCTLS and for a call of OWN_PROCESS_ONLY on a pid other than 0; allow the rest."""
     calls = allowed(machine)
-    plain = [nr for name, nr in calls.items() if name != "ioctl"]
+    plain = [nr for name, nr in calls.items() if name != "ioctl" and name not in OWN_PROCESS_ONLY]
+    own = [calls[name] for name in OWN_PROCESS_ONLY if name in calls]
     # (opcode, jump-if-true label, jump-if-false label, k); labels: "next", "allow", "deny", "ioctl"
     program: list[tuple[int, str, str, int]] = [
         (LD_W_ABS, "next", "next", _ARCH),
@@ -117,7 +126,9 @@ def seccomp_filter(machine: str) -> bytes:
     if machine == "x86_64":
         program.append((JGE_K, "deny", "next", X32_SYSCALL_BIT))
     program += [(JEQ_K, "allow", "next", nr) for nr in plain]
+    program += [(JEQ_K, "own", "next", nr) for nr in own]
     program += [(JEQ_K, "ioctl", "deny", calls["ioctl"])]
+    program += [("own", "", "", 0), (LD_W_ABS, "next", "next", _ARG0), (JEQ_K, "allow", "deny", 0)]
     program += [("ioctl", "", "", 0), (LD_W_ABS, "next", "next", _ARG1)]
     program += [(JEQ_K, "allow", "next", request) for request in IOCTLS.values()]
     program += [("deny", "", "", 0), (RET_K, "next", "next", RET_EPERM), ("allow", "", "", 0), (RET_K, "next", "next", RET_ALLOW)]

@@ -2,8 +2,11 @@
 
 `spot-eval cache-datasets` installs this file in evaluate's module cache as `evaluate-metric--code_eval`, which
 `evaluate.load("code_eval")` takes when the hub is offline. It keeps code_eval's inputs, its
-HF_ALLOW_CODE_EVAL=1 consent and its return value, `(pass_at_k, results)`, but each program and its tests run
-in a confined subprocess (spot_eval.execution.sandbox) instead of a thread of the evaluating process.
+HF_ALLOW_CODE_EVAL=1 consent and its return value, `(pass_at_k, results)`, but each program runs in a confined
+subprocess and its tests in the judge, outside the program's process (spot_eval.execution.sandbox), instead of
+both in a thread of the evaluating process. A reference that is a vendored MBPP or HumanEval problem's test code
+(what lm-eval's `mbpp` and `humaneval` pass) is recognised, so its prompt's helpers are the judge's own, as in the
+spot tasks (spot_eval.execution.problems.lookup).
 """
 
 from __future__ import annotations
@@ -28,7 +31,8 @@ Args:
     timeout: seconds a program may run (default 3.0).
 Returns:
     (pass_at_k, results): {"pass@k": mean over problems}, and per problem index a list of
-    (completion_id, {"task_id", "completion_id", "passed", "result"}) as code_eval returns.
+    (completion_id, {"task_id", "completion_id", "passed", "result", "crossings"}) as code_eval returns, with
+    what crossed the boundary other than plain data (spot_eval.execution.judge).
 """
 
 _CONSENT = """spot-eval's code_eval runs model-written programs (in its sandbox). As with the hub's code_eval,
@@ -52,7 +56,8 @@ class CodeEval(evaluate.Metric):
             raise ValueError(_CONSENT)
         scores, outcomes = sandboxed_pass_at_k(predictions, references, k, timeout, num_workers)
         results = {
-            task: [(n, {"task_id": task, "completion_id": n, "passed": o.passed, "result": "passed" if o.passed else o.status})
+            task: [(n, {"task_id": task, "completion_id": n, "passed": o.passed, "result": "passed" if o.passed else o.status,
+                        "crossings": list(o.crossings)})
                    for n, o in enumerate(problem)]
             for task, problem in enumerate(outcomes)
         }

@@ -1,9 +1,9 @@
-"""pass@k of generated programs, each run against its tests in `spot_eval.execution.sandbox`.
+"""pass@k of generated programs, each run in `spot_eval.execution.sandbox` and judged against its tests outside it.
 
 An `evaluate` metric loaded from its folder, `evaluate.load("<path to this folder>")`, so it needs no hub.
 It replaces the hub's `code_eval` that lm-eval's mbpp and humaneval tasks load: the same inputs and the same
-unbiased estimator, but each program runs in a confined subprocess rather than in a thread of the evaluating
-process, and no HF_ALLOW_CODE_EVAL switch is involved.
+unbiased estimator, but each program runs in a confined subprocess and its tests in the judge, outside the
+program's process, rather than both in a thread of the evaluating process; no HF_ALLOW_CODE_EVAL switch is involved.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import evaluate
 from spot_eval.execution.pass_at_k import WORKERS, sandboxed_pass_at_k
 from spot_eval.execution.sandbox import Limits
 
-_DESCRIPTION = """Runs every candidate program followed by its problem's test code in a sandboxed subprocess,
-and estimates pass@k with the unbiased estimator 1 - C(n-c, k) / C(n, k) of Chen et al. (2021), where n is the
+_DESCRIPTION = """Runs every candidate program in a sandboxed subprocess and its problem's test code in a judge
+process outside it, every call between them in plain data, and estimates pass@k with the unbiased estimator 1 - C(n-c, k) / C(n, k) of Chen et al. (2021), where n is the
 number of candidates of a problem and c the number that passed."""
 
 _CITATION = """@article{chen2021codex,
@@ -30,8 +30,8 @@ _CITATION = """@article{chen2021codex,
 _INPUTS = """
 Args:
     predictions: list of lists of candidate programs, one list per problem.
-    references: list of test programs, one per problem, run after each candidate (they fail by raising), in a
-        namespace of their own with guarded assertions (spot_eval.execution.assertions).
+    references: list of test programs, one per problem (they fail by raising), run in the judge against each
+        candidate (spot_eval.execution.judge); a vendored MBPP or HumanEval problem's is recognised.
     k: the k of pass@k to report; pass@k is left out when a problem has fewer than k candidates.
     timeout_s: wall-clock (and CPU) seconds each candidate may run.
     workers: how many candidates run at once.
