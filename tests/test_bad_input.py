@@ -110,6 +110,7 @@ CLI_CASES = [
     (["train-target", "--out", "t", "--steps", "0"], "steps must be >= 1, got 0"),
     (["nonsense"], "argument command: invalid choice: 'nonsense'"),
     ([*DECODE, "--threads", "0"], "--threads must be >= 1, got 0"),
+    ([*DECODE, "--method", "spot", "--budget", "1000000000"], "spot@1000000000 needs 1000000001 pieces"),
     (["collect", "--out", "x", "--prompts", "2", "--threads", "0"], "--threads must be >= 1, got 0"),
 ]
 
@@ -186,6 +187,10 @@ LM_CASES = [
     ({"nonsense": 1}, "unknown model_args nonsense"),
     ({"threads": 0}, "threads=0: use threads >= 1"),
     ({"threads": 1.5}, "threads=1.5 is not a whole number"),
+    ({"budgets": 1e9}, "spot@1000000000 needs 1000000001 pieces of 32 positions in one verify forward, and the free "
+                       "memory of cpu holds at most"),
+    ({"methods": "freedave@4", "budgets": "", "output_dir": "/proc/spot-out"},
+     "output_dir='/proc/spot-out' cannot be created: /proc is not a writable directory"),
 ]
 
 
@@ -196,6 +201,16 @@ def test_model_args_are_refused_before_loading_and_before_mlflow(model_args, mes
         lm.SpotLM(**{"device": "cpu", **model_args})
     assert message in str(err.value)
     assert "\n" not in str(err.value)
+
+
+def test_a_tracking_server_that_does_not_answer_is_said_in_one_line_before_loading(tmp_path, monkeypatch, no_load):
+    """No server on port 9: one warning, before the model loads, naming the spool and the command that syncs it."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.warns(RuntimeWarning) as said, pytest.raises(AssertionError, match="the model loaded"):
+        lm.SpotLM(device="cpu", mlflow_tracking_uri="http://127.0.0.1:9")
+    [line] = [str(w.message) for w in said if "MLflow" in str(w.message)]
+    assert line.startswith("no MLflow server answers at http://127.0.0.1:9 (")
+    assert line.endswith(f"log it with: spot-eval sync --spool {tmp_path / 'spot-eval-spool'}")
 
 
 def test_an_output_dir_that_cannot_be_made_is_refused_before_loading(tmp_path, no_load):

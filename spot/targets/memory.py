@@ -21,6 +21,13 @@ def free_bytes(device: torch.device) -> int:
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
+def pieces_bound(block_length: int, vocab_size: int, element: int, device: torch.device) -> int:
+    """The most pieces a verify could hold on `device` whatever the model: each piece's logits alone (and their
+    float32 copy) take block_length x vocab_size x (element + 4) bytes, a lower bound of every target's
+    `max_pieces` cost, so it can be told before the weights load."""
+    return int(SAFE_FRACTION * free_bytes(device) // (block_length * vocab_size * (element + 4)))
+
+
 def layer_row_bytes(config, element: int, keys: int) -> int:
     """One token row's transient bytes in one layer: its attention scores over `keys` keys (fp32, the math
     path) and its MLP activations (`element` bytes per value)."""

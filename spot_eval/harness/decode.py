@@ -11,7 +11,14 @@ from spot_eval.families import METHODS
 from spot_eval.harness.methods import AUTO, MethodSpec, build_drafter, drafter_file
 from spot_eval.harness.options import build, options, values_of
 from spot_eval.harness.profile import auto_sizing, drafter_seconds
-from spot_eval.harness.settings import MAX_BUDGET, TargetSettings, check_cache, resolve_device, resolve_dtype
+from spot_eval.harness.settings import (
+    MAX_BUDGET,
+    TargetSettings,
+    check_budgets,
+    check_cache,
+    resolve_device,
+    resolve_dtype,
+)
 
 DRAFT_FREE = "draft_free"
 
@@ -59,6 +66,9 @@ def decode_prompt(
     if spec is not None:
         drafter_file(spec, config.block_length, config.policy)
         config = spec.config(config)  # a lossy method's acceptance rule, checked against the policy
+    if spec is not None and not auto:
+        check_budgets({spec.label: budget + 1 + (2 if config.cross_block else 0)}, config.block_length,
+                      checkpoint.info.vocab_size, dtype, device)
     model = load_target(checkpoint, block_length, device, target.exact, dtype, target.cache)
     ids = encode_prompt(model, prompt, chat)
     drafter = None

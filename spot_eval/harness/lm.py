@@ -32,7 +32,7 @@ from spot_eval.harness.parallel import Ranks
 from spot_eval.harness.profile import Refitted, auto_sizing, drafter_seconds, verify_profile
 from spot_eval.harness.session import RequestRecord, Session
 from spot_eval.tracking.store import check_uri
-from spot_eval.tracking.writer import TrackingConfig, git_commit, open_tracker
+from spot_eval.tracking.writer import TrackingConfig, announce_unreachable, git_commit, open_tracker
 
 WINDOW = 8  # requests per batch slot decoded before their records are kept (batch size > 1)
 
@@ -89,6 +89,11 @@ class SpotLM(LM):
             spec.config(self.config)  # a lossy method's acceptance rule is checked against the policy here
         settings.check_output_dir("output_dir", args.output_dir)
         settings.check_cache("cache", args.cache)
+        cross = 2 if self.config.cross_block else 0  # a cross piece holds two blocks
+        settings.check_budgets({s.label: s.budget + 1 + cross for s in self.specs if not s.auto}, block_length,
+                               checkpoint.info.vocab_size, dtype, device)
+        if self.ranks.main:  # a tracking server that does not answer: said now, in one line, with the way back
+            announce_unreachable(TrackingConfig(args.mlflow_tracking_uri, args.mlflow_experiment))
         if args.threads is not None:
             if args.threads < 1:
                 raise ValueError(f"threads={args.threads}: use threads >= 1 (1 on a machine shared with other work)")

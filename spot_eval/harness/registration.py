@@ -20,9 +20,11 @@ import logging
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 TARGET = "spot_eval.harness.lm:SpotLM"
+OURS = tuple(Path(__file__).resolve().parent.parent.parent / name for name in ("spot", "spot_eval"))  # our packages' folders
 
 
 CLI_NAMES = ("lm_eval", "lm-eval")  # the console scripts
@@ -69,6 +71,15 @@ def cli_startup() -> None:
         default_hook(kind, error, tb)
 
     sys.excepthook = hook
+    default_format = warnings.formatwarning
+
+    def formatted(message, category, filename, lineno, line=None) -> str:
+        """Our warnings as one `warning: ...` line, as spot-eval's commands print them; everyone else's as they were."""
+        if any(Path(filename).resolve().is_relative_to(folder) for folder in OURS):
+            return f"warning: {message}\n"
+        return default_format(message, category, filename, lineno, line)
+
+    warnings.formatwarning = formatted
 
 
 def runs_spot(argv: list[str]) -> bool:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import re
+import tempfile
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +25,7 @@ import torch
 
 from spot.config import setting
 from spot.targets.dual_cache import CACHES
+from spot.targets.memory import pieces_bound
 from spot_eval.checkpoints.shipped import EMBEDDED_TARGET
 
 TRUE, FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
@@ -144,15 +146,34 @@ def resolve_dtype(name: str, value: str, device: str) -> torch.dtype:
 
 
 def check_output_dir(name: str, path: str | Path | None) -> None:
-    """The run directory can be made and written: not an existing file, and under a writable folder."""
+    """The run directory can be made and written: not an existing file, and under a folder where a directory can
+    really be made (tried, and removed again: permission bits say nothing for root, nor for /proc or a read-only
+    mount)."""
     if path is None:
         return
     path = Path(path)
     if path.exists() and not path.is_dir():
         raise ValueError(f"{name}={str(path)!r} is an existing file; name a directory (it is created if missing)")
     existing = next(p for p in (path, *path.absolute().parents) if p.exists())
-    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
-        raise ValueError(f"{name}={str(path)!r} cannot be created: {existing} is not a writable directory")
+    try:
+        if not existing.is_dir():
+            raise NotADirectoryError(str(existing))
+        os.rmdir(tempfile.mkdtemp(prefix=".spot-eval-probe-", dir=existing))
+    except OSError as err:
+        raise ValueError(f"{name}={str(path)!r} cannot be created: {existing} is not a writable directory "
+                         f"({err.strerror or type(err).__name__}); name a directory that can be written") from None
+
+
+def check_budgets(budgets: dict[str, int], block_length: int, vocab_size: int, dtype: torch.dtype, device: str) -> None:
+    """Refuse, before the weights load, a budget whose verify could not fit in the device's free memory for any
+    target (spot.targets.memory.pieces_bound: its logits alone); the engine checks the exact figure per request.
+    budgets: label -> the pieces one verify holds (budget + 1, and 2 more for a cross piece)."""
+    room = pieces_bound(block_length, vocab_size, torch.empty((), dtype=dtype).element_size(), torch.device(device))
+    for label, pieces in budgets.items():
+        if pieces > room:
+            raise ValueError(f"{label} needs {pieces} pieces of {block_length} positions in one verify forward, and "
+                             f"the free memory of {device} holds at most {room} (their logits alone); use a budget of at "
+                             f"most {max(room - 1, 0)}")
 
 
 # The prompt tokens `--batch_size auto` plans each request's cache for: lm-eval's few-shot prompts run to about 1k.

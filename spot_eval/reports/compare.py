@@ -17,6 +17,7 @@ import pandas as pd
 from spot_eval.reports import plots, table2
 from spot_eval.reports.report import Report, Section, figure_title, header, write
 from spot_eval.reports.results import Bundle
+from spot_eval.reports.table2 import display_name
 
 SECTION_TITLES = {table2.ANCHOR: "single-commit decoding: ratios over draft-free decoding of the same requests"}
 
@@ -50,6 +51,67 @@ def caption(bundle: Bundle, temperature: float) -> str:
             "max-commit, which differs from draft-free by design.")
 
 
+# The trained drafter each policy is measured with against the training-free chain (FreeDave; FreeDave++ under
+# threshold decoding), and the perfect-order replay that bounds them all.
+TRAINED = {"single": "spot", "threshold": "sets"}
+FREE, BOUND = "freedave", "oracle"
+
+
+def rivals(numbers: pd.DataFrame) -> pd.DataFrame:
+    """Per temperature, policy, task and budget N that the oracle ran at: each method at N, its forward ratio, draft
+    nodes per forward, and its share of the bound, (ratio - 1) / (oracle's - 1): the forwards a perfect drafter of
+    N nodes would save that this one saved."""
+    at = numbers[numbers.label.str.contains("@")].assign(family=lambda d: d.label.str.partition("@")[0],
+                                                          budget=lambda d: d.label.str.partition("@")[2])
+    out = []
+    for (t, policy, task), group in at.groupby(["temperature", "policy", "task"], sort=False):
+        bound = {r.budget: r.forward_mean for r in group[group.family == BOUND].itertuples()}
+        for r in group[(group.family != BOUND) & group.budget.isin(bound)].itertuples():
+            out.append({"temperature": t, "policy": policy, "task": task, "label": r.label, "budget": int(r.budget),
+                        "forward_mean": r.forward_mean, "mean_tree_size": r.mean_tree_size, "bound": bound[r.budget],
+                        "share_of_bound": (r.forward_mean - 1) / (bound[r.budget] - 1)})
+    return pd.DataFrame(out)
+
+
+def rival_verdicts(table: pd.DataFrame) -> list[str]:
+    """In words, per temperature, policy and budget: the trained drafter against the FreeDave chain, task by task,
+    with every task where the free one saved more forwards named plainly."""
+    lines = []
+    if table.empty:
+        return lines
+    for (t, policy, n), group in table.groupby(["temperature", "policy", "budget"], sort=True):
+        cell = group.set_index(["task", "label"]).forward_mean
+        trained, free = f"{TRAINED.get(policy, '')}@{n}", f"{FREE}@{n}"
+        tasks = sorted({task for task, label in cell.index if label in (trained, free)}
+                       & {task for task, label in cell.index if label == free} & {task for task, label in cell.index if label == trained})
+        if not tasks:
+            continue
+        behind = [task for task in tasks if cell[(task, free)] > cell[(task, trained)]]
+        share = group.set_index("label").share_of_bound
+        said = (f"T = {t:g}, {policy} decoding, {n} drafted states a verify: {display_name(trained)} saved more target "
+                f"forwards than {display_name(free)} on {len(tasks) - len(behind)} of {len(tasks)} tasks "
+                f"(of the perfect-order bound, {share[trained].mean():.0%} against {share[free].mean():.0%} on average)")
+        if behind:
+            said += "; " + display_name(free) + " saved more on " + ", ".join(
+                f"{task.removeprefix('spot_')} ({cell[(task, free)]:.2f}× against {cell[(task, trained)]:.2f}×)" for task in behind)
+        lines.append(said + ".")
+    return lines
+
+
+def rival_table(table: pd.DataFrame) -> pd.DataFrame:
+    """The display form: a row per (T, policy, method), a column per task, cells `fwd × (share of bound)`."""
+    shown = table.assign(row=[f"T = {t:g}, {p}: {display_name(lab)}" for t, p, lab in zip(table.temperature, table.policy,
+                                                                                       table.label, strict=True)],
+                         cell=[f"{f:.2f} ({s:.0%})" for f, s in zip(table.forward_mean, table.share_of_bound, strict=True)])
+    order = {row: (t, p != table2.ANCHOR, table2.row_key(lab)) for row, t, p, lab in
+             zip(shown.row, shown.temperature, shown.policy, shown.label, strict=True)}
+    out = shown.pivot_table(index="row", columns="task", values="cell", aggfunc="first")
+    out = out.loc[sorted(out.index, key=order.__getitem__)]
+    out.columns = [c.removeprefix("spot_") for c in out.columns]
+    out.index.name = "method"
+    return out
+
+
 def compare(bundle: Bundle) -> list[Comparison]:
     numbers = table2.numbers(bundle)
     if not (numbers.label != "draft_free").any():
@@ -68,7 +130,7 @@ def accuracy_table(bundle: Bundle) -> pd.DataFrame:
 
 
 def figures(bundle: Bundle, numbers: pd.DataFrame, out_dir: Path, date: str, stem: str) -> list[tuple[str, Path]]:
-    """The grouped throughput and forward bars and the accepted-steps histogram of a bundle."""
+    """The grouped throughput and forward bars, the accepted-steps histogram and the frontier of a bundle."""
     who = bundle.identity
     return [
         ("throughput × over draft-free per task and method (error bars: std over seeds)",
@@ -80,6 +142,10 @@ def figures(bundle: Bundle, numbers: pd.DataFrame, out_dir: Path, date: str, ste
         ("steps accepted per target forward, per method (all tasks, temperatures and seeds)",
          plots.accepted_histogram(bundle.samples, out_dir / f"{stem}accepted_lengths.png",
                                   figure_title("accepted steps per target forward", who, date))),
+        ("forwards saved against draft nodes verified per forward, a line per method through its budgets; the oracle's "
+         "is the perfect-order replay bound",
+         plots.frontier(numbers, out_dir / f"{stem}frontier.png",
+                        figure_title("forwards saved at equal verify size, and the bound", who, date))),
     ]
 
 
@@ -99,6 +165,12 @@ def write_comparison(bundle: Bundle, out_dir: str | Path, date: str | None = Non
     numbers = pd.concat([c.numbers for c in comparisons], ignore_index=True)
     shown = figures(bundle, numbers, out_dir, date, "compare_")
     files += [path for _, path in shown]
+    against = rivals(numbers)
+    if not against.empty:
+        sections.insert(0, Section("Against the rivals and the bound",
+                                   " ".join(rival_verdicts(against)) + " Cells: forwards × over draft-free (the share of the "
+                                   "perfect-order bound at the same budget: (ratio − 1) / (oracle's − 1)).",
+                                   tables=(("at each budget the oracle ran at", rival_table(against)),), figures=(shown[3],)))
     sections.append(Section("Speed per task and method", figures=tuple(shown[:2])))
     sections.append(Section("Accepted steps per forward", figures=(shown[2],)))
     accuracy = accuracy_table(bundle)

@@ -231,11 +231,11 @@ def build_report(suite: Suite, new: Bundle, base: Bundle | None, baseline: str, 
             sections.append(Section(f"Table 2 at T = {c.temperature:g}", c.caption,
                                     tables=tuple((section_title(policy), t) for policy, t in c.sections)))
         numbers = pd.concat([c.numbers for c in comparisons], ignore_index=True)
-        shown = figures(new, numbers, report_dir, date, "")
-        sections.append(Section("Speed per task and method", figures=tuple(shown[:2])))
+        throughput, forwards, histogram, frontier = figures(new, numbers, report_dir, date, "")
+        sections.append(Section("Speed per task and method", figures=(throughput, forwards, frontier)))
     else:
-        shown = [("steps accepted per target forward", plots.accepted_histogram(new.samples, report_dir / "accepted_lengths.png",
-                                                                               figure_title("accepted steps per target forward", who, date)))]
+        histogram = ("steps accepted per target forward", plots.accepted_histogram(
+            new.samples, report_dir / "accepted_lengths.png", figure_title("accepted steps per target forward", who, date)))
     if not trend.empty and trend.time.nunique() == 1:  # one point is no trend
         sections.append(Section("Trend", "The trend starts with the suite's second nightly in this MLflow experiment."))
     elif not trend.empty:
@@ -244,7 +244,7 @@ def build_report(suite: Suite, new: Bundle, base: Bundle | None, baseline: str, 
                                 figures=(("throughput and forward ratios per nightly", plots.trend(
                                     trend, report_dir / "trend.png", figure_title(f"suite {suite.name}: the last nightlies", who, date))),)))
     sections += _accuracy_sections(new, base, suite)
-    sections.append(Section("Accepted steps per forward", figures=(shown[-1],)))
+    sections.append(Section("Accepted steps per forward", figures=(histogram,)))
     lead = verdict(findings, baseline, new)
     return Report(f"spot-eval nightly {date}: suite {suite.name}", lead, sections, header(who, date=date, suite=suite.name))
 

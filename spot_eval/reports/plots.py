@@ -91,6 +91,53 @@ def throughput_bars(summary: pd.DataFrame, path: Path) -> Path:
     return grouped_bars(numbers, "throughput", path, "throughput × over draft-free", "wall-clock speed-up (same requests, same process)")
 
 
+BOUND = "oracle"  # the perfect-order replay: the true future, budget + 1 steps a verify
+
+
+def frontier_figure(numbers: pd.DataFrame, title: str) -> Figure:
+    """Forwards saved against draft nodes verified per forward: a panel per (temperature, policy) and task, a line
+    per method family through its budgets, the oracle's (the perfect-order replay bound) as the ceiling. Where a
+    trained drafter's line lies above a free one's at the same x, it saved more forwards at equal verify size.
+
+    numbers: spot_eval.reports.table2.numbers (forward_mean, mean_tree_size per policy, temperature, task, label)."""
+    rows = numbers[(numbers.label != "draft_free") & numbers.forward_mean.notna()]
+    rows = rows.assign(family=rows.label.str.partition("@")[0], auto=rows.label.str.endswith("@auto"))
+    panels = sorted({(t, p) for t, p in zip(rows.temperature, rows.policy, strict=True)},
+                    key=lambda tp: (tp[0], tp[1] != ANCHOR, tp[1]))
+    tasks = sorted(rows.task.unique())
+    fig, axes = plt.subplots(len(panels), len(tasks), figsize=(2.9 * len(tasks) + 1.0, 2.5 * len(panels) + 1.2),
+                             squeeze=False, sharex=True)
+    for r, (temperature, policy) in enumerate(panels):
+        for c, task in enumerate(tasks):
+            ax = axes[r][c]
+            here = rows[(rows.temperature == temperature) & (rows.policy == policy) & (rows.task == task)]
+            for name, line in sorted(here[~here.auto].groupby("family"), key=lambda kv: row_key(kv[0])):
+                line = line.sort_values("mean_tree_size")
+                bound = name == BOUND
+                ax.plot(line.mean_tree_size, line.forward_mean, marker="o" if not bound else None, ms=3.5,
+                        color=FAMILY_COLOURS.get(name, OTHER), lw=1.6 if bound else 1.2, ls="--" if bound else "-",
+                        label=display_name(name) + (" (the bound)" if bound else ""))
+            ax.axhline(1.0, color="grey", lw=0.8, ls=":")
+            ax.set_title(f"{task.removeprefix('spot_')}, {policy}, T = {temperature:g}", fontsize=8)
+            if c == 0:
+                ax.set_ylabel("forwards × over draft-free", fontsize=8)
+            if r == len(panels) - 1:
+                ax.set_xlabel("draft nodes verified per forward", fontsize=8)
+            ax.tick_params(labelsize=7)
+    seen: dict[str, object] = {}
+    for ax in axes.flat:
+        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            seen.setdefault(label, handle)
+    fig.legend(list(seen.values()), list(seen), loc="outside lower center", ncol=min(len(seen), 5), fontsize=7, frameon=False)
+    fig.suptitle(title, fontsize=9)
+    fig.set_layout_engine("constrained")
+    return fig
+
+
+def frontier(numbers: pd.DataFrame, path: Path, title: str) -> Path:
+    return _save(frontier_figure(numbers, title), path)
+
+
 def histogram_figure(frame: pd.DataFrame, title: str) -> Figure:
     """Steps advanced per verify forward, pooled over requests: per method, the share of its forwards that
     accepted each length, as grouped bars (frame: one row per request with label and accepted_lengths)."""

@@ -63,7 +63,7 @@ def _accuracy(bundle: Bundle) -> pd.DataFrame:
 
 
 COLUMNS_OUT = ("policy", "temperature", "task", "label", "throughput_mean", "throughput_std", "forward_mean", "forward_std",
-               "lossless", "lossy", "seeds", "requests", "accepted_mean")  # what `spot-eval compare` writes, with the accuracy
+               "lossless", "lossy", "seeds", "requests", "accepted_mean", "mean_tree_size", "drafter_share")  # and the accuracy
 
 
 def numbers(bundle: Bundle) -> pd.DataFrame:

@@ -323,6 +323,8 @@ class _Session:
         self.client = None
         reason = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
         self.spool.append({"op": "outage", "time": _now_ms(), "error": reason})
+        if self.uri in _ANNOUNCED:  # said at the start (announce_unreachable)
+            return
         warnings.warn(
             f"MLflow tracking store {self.uri} is unreachable ({reason}); logging to the spool "
             f"{self.spool.path} instead: run `spot-eval sync --spool {self.spool.path.parent}` once it is back",
@@ -464,6 +466,23 @@ class MlflowTracker(_EndsOnExit):
         self._check_open()
         self._session.send(lambda c: c.log_batch(self._server_id, **batch))
         self._session.spool.append({"op": op, "run": self._key, **record})
+
+
+# Tracking URIs whose outage was said before the run started: the spool then takes over without a second warning.
+_ANNOUNCED: set[str] = set()
+
+
+def announce_unreachable(config: TrackingConfig) -> None:
+    """Say in one line, before anything loads, that an HTTP tracking server does not answer, that the run goes to the
+    spool, and the command that logs it later; the run then spools without saying it again."""
+    uri = resolve_uri(config.tracking_uri)
+    reason = unreachable(uri)
+    if reason is None:
+        return
+    _ANNOUNCED.add(uri)
+    spool = Path(config.spool_dir).absolute()
+    warnings.warn(f"no MLflow server answers at {uri} ({reason}): this run is kept in the spool {spool} instead; once "
+                  f"the server is back, log it with: spot-eval sync --spool {spool}", RuntimeWarning, stacklevel=2)
 
 
 def open_tracker(config: TrackingConfig | None) -> Tracker:
