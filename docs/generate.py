@@ -29,6 +29,8 @@ COMPARISON = ROOT / "results" / "comparison"
 README = ROOT / "README.md"
 HEADLINE = ("<!-- generated:headline (docs/generate.py) -->", "<!-- /generated:headline -->")
 GLOSSARY = ("<!-- generated:ratios (docs/generate.py) -->", "<!-- /generated:ratios -->")
+COSTS = ("<!-- generated:costs (docs/generate.py) -->", "<!-- /generated:costs -->")
+METHODS_PAGE = DOCS / "methods" / "index.md"
 TRACKING = DOCS / "tracking.md"
 ANCHOR_POLICY = "single"  # the decoding policy `spot-eval compare` reports every other one against
 
@@ -285,6 +287,12 @@ def comparison_rows() -> list[dict]:
     return [r for r in rows if not (r["label"] == "draft_free" and r["policy"] == ANCHOR_POLICY)]
 
 
+def methods_only(rows: list[dict]) -> list[dict]:
+    """The rows of methods, without the oracle's: the perfect-order replay is the bound they are measured against,
+    not a method a user can run."""
+    return [r for r in rows if r["label"].partition("@")[0] != "oracle"]
+
+
 def label_key(label: str) -> tuple:
     """Table 2's row order (spot_eval.reports.table2.row_key)."""
     from spot_eval.reports.table2 import row_key
@@ -321,6 +329,7 @@ def shown_method(policy: str, label: str) -> str:
 
 def headline(rows: list[dict]) -> str:
     """The README's table: per method, each ratio's mean over the tasks, per temperature."""
+    rows = methods_only(rows)
     temps = temperatures(rows)
     columns = ["method", *(f"forwards saved, T = {float(t):g}" for t in temps),
                *(f"wall clock, T = {float(t):g}" for t in temps), "token-identical to draft-free"]
@@ -335,7 +344,7 @@ def headline(rows: list[dict]) -> str:
 
 def leaders(rows: list[dict], tasks: list[str]) -> str:
     """Per task, the speculative method that saves the most forwards and the fastest one: the page's reading."""
-    lines = []
+    lines, rows = [], methods_only(rows)
     for metric, what in (("forward", "Most target forwards saved"), ("throughput", "Fastest in wall-clock time")):
         best = []
         for task in tasks:
@@ -415,6 +424,25 @@ def replace_region(path: Path, body: str, markers: tuple[str, str] = HEADLINE) -
     return f"{head}{start}\n{body}{end}{tail}"
 
 
+def costs() -> str:
+    """Per method family (spot_eval/families.py): what a new target costs it, and the drafter's share of a decode's
+    wall time in the committed comparison (mean over its tasks at T = 0, per budget)."""
+    from spot_eval.families import FAMILIES
+
+    rows, shares = [], {}
+    for r in comparison_rows():
+        if float(r["temperature"]) == 0 and r.get("drafter_share") not in (None, "", "nan"):
+            shares.setdefault((r["policy"], r["label"]), []).append(float(r["drafter_share"]))
+    for f in FAMILIES:
+        if not f.cost:
+            continue
+        mine = [f"`{label}`{'' if policy == ANCHOR_POLICY else f' ({policy})'} {mean(v):.1%}"
+                for (policy, label), v in sorted(shares.items(), key=lambda kv: label_key(kv[0][1])) if label.partition("@")[0] == f.name]
+        rows.append([f"`{f.name}`", f.display, f.cost, ", ".join(mine) or "—"])
+    return (table(["method", "name", "what a new target costs it", "drafter's share of a decode's wall time (T = 0)"], rows)
+            + "\nThe setup time of each on this CPU: [Results → the lossless rivals](../results/peers.md).\n")
+
+
 def glossary() -> str:
     """Every figure the reports print, as spot_eval/reports/results.py defines it (RATIOS)."""
     from spot_eval.reports.results import OVER_SEEDS, RATIOS
@@ -432,6 +460,7 @@ def outputs() -> dict[Path, bytes | None]:
         DOCS / "results" / "comparison.md": comparison_page().encode(),
         README: replace_region(README, readme_headline()).encode(),
         TRACKING: replace_region(TRACKING, glossary(), GLOSSARY).encode(),
+        METHODS_PAGE: replace_region(METHODS_PAGE, costs(), COSTS).encode(),
     }
     for path in sorted(MEASUREMENTS.glob("*.toml")):
         out[DOCS / "results" / page_name(path)] = measurement_page(path).encode()
