@@ -112,6 +112,43 @@ def rival_table(table: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+WHY_WALL_CLOCK = ("Why wall clock differs from forwards: on a CPU a verify forward of P pieces costs about P "
+                  "forwards (the verify-cost curve on the Performance results page), so the forwards a method saves turn "
+                  "into little wall-clock time, or less than none; on a GPU, where a forward of a few pieces costs about "
+                  "as much as one, the forward ratio is what carries over.")
+
+
+IDLE_TAU = 1.1  # below it a method's speed is draft-free decoding's own: it hardly speculated
+
+
+def findings(numbers: pd.DataFrame, device: str) -> list[str]:
+    """What the comparison found, in words, per temperature and policy: lossless or not, the most forwards saved,
+    the fastest on this device against draft-free, and the rivals; then why wall clock differs from forwards."""
+    lines = []
+    methods = numbers[(numbers.label != "draft_free") & ~numbers.label.str.startswith(f"{BOUND}@")]
+    for (t, policy), rows in methods.groupby(["temperature", "policy"], sort=True):
+        per = rows.groupby("label", sort=False).agg(forward=("forward_mean", "mean"), throughput=("throughput_mean", "mean"),
+                                                    lossless=("lossless", "min"), lossy=("lossy", "max"),
+                                                    tau=("accepted_mean", "mean"))
+        exact = per[~per.lossy.astype(bool)]
+        broken = exact[exact.lossless < 1]
+        said = [f"**T = {t:g}, {policy} decoding.** "]
+        said.append(f"Every lossless method's outputs were token-identical to draft-free decoding ({len(exact)} methods)"
+                    if broken.empty else f"Diverged from draft-free: {', '.join(display_name(x) for x in broken.index)}")
+        if not per.forward.isna().all():
+            top = per.forward.idxmax()
+            said.append(f"; the most forwards saved: {display_name(top)}, {per.forward[top]:.2f}× (mean over the tasks)")
+        if not per.throughput.isna().all():
+            fast = per.throughput.idxmax()
+            idle = f" (τ {per.tau[fast]:.2f}: it drafted almost nothing that was accepted)" if per.tau[fast] < IDLE_TAU else ""
+            said.append(f"; in wall-clock time on {device} the fastest was {display_name(fast)} at {per.throughput[fast]:.2f}×"
+                        + idle + (", faster than draft-free decoding" if per.throughput[fast] > 1 else
+                                  ": no method beat draft-free decoding in wall-clock time here"))
+        lines.append("".join(said) + ".")
+    against = rivals(numbers)
+    return [*lines, *rival_verdicts(against), WHY_WALL_CLOCK]
+
+
 def compare(bundle: Bundle) -> list[Comparison]:
     numbers = table2.numbers(bundle)
     if not (numbers.label != "draft_free").any():
@@ -165,9 +202,10 @@ def write_comparison(bundle: Bundle, out_dir: str | Path, date: str | None = Non
     numbers = pd.concat([c.numbers for c in comparisons], ignore_index=True)
     shown = figures(bundle, numbers, out_dir, date, "compare_")
     files += [path for _, path in shown]
+    sections.insert(0, Section("Verdict", "\n\n".join(findings(numbers, bundle.identity.get("device") or "this device"))))
     against = rivals(numbers)
     if not against.empty:
-        sections.insert(0, Section("Against the rivals and the bound",
+        sections.insert(1, Section("Against the rivals and the bound",
                                    " ".join(rival_verdicts(against)) + " Cells: forwards × over draft-free (the share of the "
                                    "perfect-order bound at the same budget: (ratio − 1) / (oracle's − 1)).",
                                    tables=(("at each budget the oracle ran at", rival_table(against)),), figures=(shown[3],)))

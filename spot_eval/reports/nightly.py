@@ -31,6 +31,7 @@ import pandas as pd
 
 from spot_eval.reports import plots
 from spot_eval.reports.compare import accuracy_table, compare, figures, section_title
+from spot_eval.reports.compare import findings as found_in
 from spot_eval.reports.history import (
     BUNDLE_ARTIFACT,
     KIND_TAG,
@@ -231,6 +232,7 @@ def build_report(suite: Suite, new: Bundle, base: Bundle | None, baseline: str, 
             sections.append(Section(f"Table 2 at T = {c.temperature:g}", c.caption,
                                     tables=tuple((section_title(policy), t) for policy, t in c.sections)))
         numbers = pd.concat([c.numbers for c in comparisons], ignore_index=True)
+        sections.insert(1, Section("What the runs found", "\n\n".join(found_in(numbers, who.get("device") or "this device"))))
         throughput, forwards, histogram, frontier = figures(new, numbers, report_dir, date, "")
         sections.append(Section("Speed per task and method", figures=(throughput, forwards, frontier)))
     else:
@@ -246,7 +248,10 @@ def build_report(suite: Suite, new: Bundle, base: Bundle | None, baseline: str, 
     sections += _accuracy_sections(new, base, suite)
     sections.append(Section("Accepted steps per forward", figures=(histogram,)))
     lead = verdict(findings, baseline, new)
-    return Report(f"spot-eval nightly {date}: suite {suite.name}", lead, sections, header(who, date=date, suite=suite.name))
+    # --date names the report's folder; the header always shows the day it ran (a folder may be named for its suite)
+    day = date if re.fullmatch(r"\d{4}-\d{2}-\d{2}", date) else (new.created or time.strftime("%Y-%m-%d"))[:10]
+    named = {} if day == date else {"report": date}
+    return Report(f"spot-eval nightly {day}: suite {suite.name}", lead, sections, header(who, date=day, suite=suite.name, **named))
 
 
 def _accuracy_sections(new: Bundle, base: Bundle | None, suite: Suite) -> list[Section]:

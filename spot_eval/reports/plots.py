@@ -17,6 +17,7 @@ import matplotlib.dates as mdates  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from spot_eval import families  # noqa: E402
 from spot_eval.reports.table2 import ANCHOR, display_name, row_key  # noqa: E402
@@ -138,9 +139,12 @@ def frontier(numbers: pd.DataFrame, path: Path, title: str) -> Path:
     return _save(frontier_figure(numbers, title), path)
 
 
+PANEL_COLUMNS = 4  # small multiples per row: readable at a report's width, whatever the number of methods
+
+
 def histogram_figure(frame: pd.DataFrame, title: str) -> Figure:
-    """Steps advanced per verify forward, pooled over requests: per method, the share of its forwards that
-    accepted each length, as grouped bars (frame: one row per request with label and accepted_lengths)."""
+    """Steps advanced per verify forward, pooled over requests: a small panel per method (frame: one row per request
+    with label, policy and accepted_lengths), the share of its forwards that accepted each length, on shared axes."""
     frame = frame.assign(policy=frame.get("policy", ANCHOR))
     labels = sorted({(p, lab) for p, lab in zip(frame.policy, frame.label, strict=True) if lab != "draft_free"} or {(ANCHOR, "draft_free")},
                     key=lambda pl: (pl[0] != ANCHOR, pl[0], row_key(pl[1])))
@@ -149,17 +153,22 @@ def histogram_figure(frame: pd.DataFrame, title: str) -> Figure:
         lengths = pd.Series([n for row in frame[(frame.policy == policy) & (frame.label == label)].accepted_lengths for n in row])
         counts[(policy, label)] = lengths.value_counts(normalize=True)
     longest = int(max((c.index.max() for c in counts.values() if len(c)), default=1))
-    width = 0.8 / len(labels)
-    fig, ax = plt.subplots(figsize=(max(6.0, 0.45 * longest * max(len(labels), 2) * 0.5), 3.6))
-    for i, key in enumerate(labels):
-        x = [n + (i - (len(labels) - 1) / 2) * width for n in range(1, longest + 1)]
-        ax.bar(x, counts[key].reindex(range(1, longest + 1), fill_value=0.0), width=width, label=_legend_name(key[1], key[0]),
-               **style(key[1]))
-    ax.set_xticks(range(1, longest + 1))
-    ax.set_xlabel("steps accepted per target forward")
-    ax.set_ylabel("share of forwards")
-    ax.legend(fontsize=7, ncol=2, frameon=False)
-    ax.set_title(title, fontsize=9)
+    columns = min(PANEL_COLUMNS, len(labels))
+    rows = -(-len(labels) // columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(2.9 * columns + 0.6, 1.9 * rows + 0.9), squeeze=False,
+                             sharex=True, sharey=True)
+    for ax, key in zip(axes.flat, labels, strict=False):
+        ax.bar(range(1, longest + 1), counts[key].reindex(range(1, longest + 1), fill_value=0.0), width=0.8, **style(key[1]))
+        ax.set_title(_legend_name(key[1], key[0]), fontsize=8)
+        ax.tick_params(labelsize=7, labelbottom=True)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    for ax in list(axes.flat)[len(labels):]:
+        ax.set_visible(False)
+    for ax in axes[-1]:
+        ax.set_xlabel("steps accepted per forward", fontsize=8)
+    for ax in axes[:, 0]:
+        ax.set_ylabel("share of forwards", fontsize=8)
+    fig.suptitle(title, fontsize=9)
     fig.set_layout_engine("constrained")
     return fig
 

@@ -99,7 +99,7 @@ def _ratio(mean: float, std: float, seeds: int) -> str:
 
 def sections(table: pd.DataFrame, temperature: float) -> list[tuple[str, pd.DataFrame]]:
     """The display tables at one temperature, one per policy: rows are methods (index `method`), columns
-    (task, quantity) pairs; the best speculative cell per column in **bold**."""
+    (task, quantity) pairs; the best speculative cell per column in **bold** where it beats draft-free (above 1)."""
     at = table[table.temperature == temperature]
     anchor = at[(at.policy == ANCHOR) & (at.label == "draft_free")]
     out = []
@@ -134,7 +134,8 @@ def _display(rows: pd.DataFrame, policy: str) -> pd.DataFrame:
                       "fwd ×": (r.forward_mean, _ratio(r.forward_mean, r.forward_std, seeds)),
                       "τ": (r.accepted_mean, f"{r.accepted_mean:.2f}")}
             for q, (value, text) in values.items():
-                marked = lab not in ("draft_free", "anchor") and value == best[(task, q)]
+                # the best speculative cell, where it beats draft-free decoding: a best slowdown is no win
+                marked = lab not in ("draft_free", "anchor") and value == best[(task, q)] and value > 1
                 line[(task, q)] = f"**{text}**" if marked else text
             line[(task, "acc.")] = "—" if pd.isna(r.accuracy) else f"{r.accuracy:.2f}"
             line[(task, "lossless")] = "reference" if reference else ("—" if lab == "draft_free" else verdict(r))
