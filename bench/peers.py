@@ -3,7 +3,7 @@
 SPOT against the FreeDave chain under single-commit decoding, and SPOT-Sets against FreeDave++ (the chain on
 threshold decoding, tau 0.9), each at the same budgets (N drafted states beside the root: N + 1 pieces a verify),
 with the oracle drafter (the true future: N + 1 steps a verify) as the ceiling, on the embedded target at T = 0
-and T = 1. At T = 1 FreeDave's own sampling rule runs too (`freedave_reused`: the last forward's sample reused at
+and T = 1; and Spiffy v4 and v1 at D* = 3 on the same graph. At T = 1 FreeDave's own sampling rule runs too (`freedave_reused`: the last forward's sample reused at
 every depth, FreeDave's code; spot.drafters.freedave) beside the coupled-noise chain.
 
 Every prompt is decoded draft-free and by every method in one process, back to back (the order rotating from
@@ -34,11 +34,13 @@ from spot_eval.harness.methods import MethodSpec, build_drafter
 
 TASKS = ("gsm8k", "math500", "humaneval", "mbpp")
 TRAINED = {"single": "spot", "threshold": "sets"}  # the trained drafter each policy is measured with
+SPIFFY_D = 3  # Spiffy's D*, its paper's default
 
 
 def methods(target, policy: str, budgets: list[int], temperature: float, reference) -> dict[str, tuple[int, object]]:
     """label -> (budget, drafter) for one prompt (the oracle reads the prompt's draft-free trajectory)."""
-    out = {}
+    # Spiffy at its paper's D* = 3: v4's online pruning against v1's calibrated order, on the same graph.
+    out = {f"{name}@{SPIFFY_D}": (SPIFFY_D, build_drafter(MethodSpec(name, SPIFFY_D), target, policy)) for name in ("spiffy", "spiffy_v1")}
     for n in budgets:
         out[f"{TRAINED[policy]}@{n}"] = n, build_drafter(MethodSpec(TRAINED[policy], n), target, policy, threshold=0.9)
         out[f"freedave@{n}"] = n, FreeDaveDrafter()
