@@ -402,7 +402,7 @@ def figures() -> list[Path]:
 def comparison_page() -> str:
     rows = comparison_rows()
     parts = [banner("results/comparison/*.toml", "results/comparison/compare_T*.csv", "results/comparison/compare*.png"),
-             "# SPOT, SPOT-Sets and Spiffy on the embedded target\n\n",
+             "# SPOT, SPOT-Sets and the lossless rivals on the embedded target\n\n",
              "Every method against draft-free decoding of the same requests, each request's methods decoded back to "
              "back in one process, on the embedded target (a tiny model: these are CPU figures of a 4.7M-parameter "
              "target, not a real checkpoint's), by `spot-eval nightly` over the committed suites and `spot-eval "

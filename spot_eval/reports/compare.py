@@ -217,7 +217,7 @@ def write_comparison(bundle: Bundle, out_dir: str | Path, date: str | None = Non
                                             "every lossless method's outputs are the same text.", tables=(("accuracy per task", accuracy),)))
     lead = (f"The SPOT paper's Table 2 (arXiv 2610.22543), measured by spot-eval on {bundle.settings.get('target')}: "
             f"{len(bundle.samples.drop_duplicates(['temperature', 'seed', 'task', 'doc_id']))} requests in {len(bundle.runs)} run(s).")
-    report = Report("SPOT, SPOT-Sets and Spiffy against draft-free decoding", lead, sections,
+    report = Report("SPOT, SPOT-Sets and the lossless rivals against draft-free decoding", lead, sections,
                     header(bundle.identity, date=date))
     files += list(write(report, out_dir, "compare"))
     return files
