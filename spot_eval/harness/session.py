@@ -36,6 +36,7 @@ from mlflow.data.huggingface_dataset_source import HuggingFaceDatasetSource
 from spot.policy import Margins
 from spot_eval.harness.lossless import Divergence, MethodRecord
 from spot_eval.harness.parallel import ONE_PROCESS, Ranks
+from spot_eval.harness.registration import say_last
 from spot_eval.harness.rescore import score_texts
 from spot_eval.reports.plots import accepted_histogram, throughput_bars
 from spot_eval.reports.regression import describe, lossy_accuracy
@@ -227,20 +228,20 @@ class Session:
         table = self.summary()
         accuracy = lossy_accuracy(pd.DataFrame(scored))
         self._log(table, results, accuracy, limit)
+        lines = []
         if not table.empty:
             columns = ["task", "label", "requests", "forward_ratio", "throughput_ratio", "tokens_per_forward", "lossless"]
-            print(table[columns].to_string(index=False, float_format=lambda x: f"{x:.3f}"))
-            print(LEGEND)
-            for line in lossy_lines(table, accuracy):
-                print(line)
-        print(f"spot-eval: samples and summary in {self.out_dir}")
+            lines += [table[columns].to_string(index=False, float_format=lambda x: f"{x:.3f}"), LEGEND,
+                      *lossy_lines(table, accuracy)]
+        lines.append(f"spot-eval: samples and summary in {self.out_dir}")
         uri = getattr(self.tracker, "uri", None)
         link = self.tracker.ui_link(self.view)
         if uri and uri.startswith("sqlite:"):
-            print(f"spot-eval: MLflow run {self.tracker.run_id}; browse with: mlflow ui --backend-store-uri {uri}"
-                  + (f", then open {link}" if link else ""))
+            lines.append(f"spot-eval: MLflow run {self.tracker.run_id}; browse with: mlflow ui --backend-store-uri {uri}"
+                         + (f", then open {link}" if link else ""))
         elif uri:
-            print(f"spot-eval: MLflow run {self.tracker.run_id} at {uri}" + (f"; its runs table: {link}" if link else ""))
+            lines.append(f"spot-eval: MLflow run {self.tracker.run_id} at {uri}" + (f"; its runs table: {link}" if link else ""))
+        say_last(lines)  # under lm-eval's command line: after its results table, as the run's last lines
         bad = self.divergences()
         self.tracker.end("FAILED" if bad and self.args.fail_on_divergence else "FINISHED")
         failures = []
