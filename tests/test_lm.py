@@ -98,7 +98,8 @@ def test_the_real_lm_eval_console_script_runs_every_task_offline_into_one_mlflow
     assert set(by_name) == {"draft_free", "oracle@4", "random@4"}
     assert by_name["oracle@4"]["spot_gsm8k/lossless"] == 1.0 and by_name["oracle@4"]["spot_gsm8k/forward_ratio"] > 1.0
     artifacts = {a.path for a in client.list_artifacts(parent.info.run_id, "spot-eval")}
-    assert {"spot-eval/samples.jsonl", "spot-eval/throughput_ratio.png", "spot-eval/lm_eval_results.json"} <= artifacts
+    assert {"spot-eval/samples.jsonl", "spot-eval/throughput_ratio.png", "spot-eval/forward_ratio.png",
+            "spot-eval/lm_eval_results.json"} <= artifacts  # the run's plots beside its files
 
 
 def run_lm_eval(*args: str, cwd: Path) -> subprocess.CompletedProcess:
