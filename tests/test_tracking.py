@@ -427,3 +427,15 @@ def test_two_processes_opening_a_fresh_sqlite_store_at_once_both_succeed(tmp_pat
     assert sorted(r.info.run_name for r in runs) == ["rank0", "rank1"]
     assert all(r.info.status == "FINISHED" for r in runs)
     assert not (tmp_path / "spool0").exists() and not (tmp_path / "spool1").exists()  # nothing was spooled
+
+
+def test_the_headline_columns_round_as_the_reports_print_them_and_lossless_reads_1_only_when_all_matched():
+    import pandas as pd
+
+    from spot_eval.harness.session import description, parent_headline
+
+    table = pd.DataFrame({"task": ["gsm8k"], "label": ["spot@8"], "requests": [2500], "forward_ratio": [2.3456],
+                          "throughput_ratio": [0.5749], "tokens_per_forward": [1.5], "lossless": [2499 / 2500]})
+    assert parent_headline(table) == {"spot_8/gsm8k/fwd_x": 2.35, "spot_8/gsm8k/tput_x": 0.57, "spot_8/gsm8k/lossless": 0.999}
+    note = description(table, "#/experiments/1/runs?workflowType=machine_learning")
+    assert "0.999" in note and "1.000" not in note and "](#/experiments/1/runs?workflowType=machine_learning)" in note

@@ -340,13 +340,18 @@ def peak_memory_mb() -> float:
 PARENT_FIGURES = {"forward_ratio": "fwd_x", "throughput_ratio": "tput_x", "lossless": "lossless"}
 
 
+def lossless_shown(share: float) -> float:
+    """A lossless share to 3 decimals, rounded down (0.9996 is 0.999, not 1): 1 only when every request matched."""
+    return math.floor(round(share * 1000, 6)) / 1000  # round first: 0.57 * 1000 is 569.99999999999994
+
+
 def parent_headline(table: pd.DataFrame) -> dict[str, float]:
     """`<method>/<task>/fwd_x`, `tput_x` (2 decimals) and `lossless` (3 decimals, rounded down) per summary row."""
     out = {}
     for _, r in table.iterrows():
         for column, short in PARENT_FIGURES.items():
             value = float(r[column])
-            out[safe_name(f"{r.label}/{r.task}/{short}")] = math.floor(value * 1000) / 1000 if column == "lossless" else round(value, 2)
+            out[safe_name(f"{r.label}/{r.task}/{short}")] = lossless_shown(value) if column == "lossless" else round(value, 2)
     return out
 
 
@@ -358,7 +363,7 @@ def description(table: pd.DataFrame, path: str | None = None) -> str:
                           "fwd ×": table.forward_ratio.map("{:.2f}".format),
                           "tput ×": table.throughput_ratio.map("{:.2f}".format),
                           "tokens / forward": table.tokens_per_forward.map("{:.2f}".format),
-                          "lossless": table.lossless.map("{:.3f}".format)})
+                          "lossless": table.lossless.map(lambda share: f"{lossless_shown(share):.3f}")})
     link = f" [The runs table with these figures as columns]({path})." if path else ""
     return ("spot-eval: draft-free decoding against each method on the same requests (ratios over draft-free)." + link
             + "\n\n```text\n" + shown.to_string(index=False) + "\n```")
