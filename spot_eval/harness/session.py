@@ -306,8 +306,9 @@ class Session:
         if not table.empty:
             def plots(out: Path) -> None:
                 if (table.label != "draft_free").any():
-                    throughput_bars(table, out / "throughput_ratio.png")
-                    forward = table.assign(temperature=0.0).rename(columns={"forward_ratio": "forward_mean"})
+                    ran = table.assign(temperature=float(self.args.temperature))  # the figures' panel title
+                    throughput_bars(ran, out / "throughput_ratio.png")
+                    forward = ran.rename(columns={"forward_ratio": "forward_mean"})
                     grouped_bars(forward, "forward", out / "forward_ratio.png", "forwards × over draft-free",
                                  "target forwards saved (same requests): the hardware-independent saving")
                 accepted_histogram(frame, out / "accepted_lengths.png")
