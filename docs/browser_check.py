@@ -1,5 +1,7 @@
-"""Opens every page of the built site in headless Chromium and reports what a reader would see broken: failed
-requests, HTTP errors, images that did not load, and script errors. Needs Playwright and a Chromium.
+"""Opens every page of the built site in headless Chromium, 1,400 px wide, and reports what a reader would see
+broken: failed requests, HTTP errors, images that did not load, script errors, a page wider than the window (a wide
+table must scroll in its own box), code in a table broken over lines (an option or task name split mid-word), and a
+report screenshot shrunk below its own size (docs/stylesheets/extra.css). Needs Playwright and a Chromium.
 
     mkdocs build --strict -d /tmp/site
     python docs/browser_check.py /tmp/site [--chromium /usr/bin/chromium] [--screenshots DIR]
@@ -34,10 +36,31 @@ def visit(page, found: list[str], url: str, screenshots: Path | None, name: str)
     page.goto(url, wait_until="load")  # after every image and script
     problems = list(found) + [f"image did not load: {src}" for src in page.eval_on_selector_all(
         "img", "imgs => imgs.filter(i => !i.complete || i.naturalWidth === 0).map(i => i.getAttribute('src'))")]
+    problems += page.evaluate(LAYOUT)
     if screenshots:
         screenshots.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=screenshots / f"{name or 'home'}.png", full_page=True)
     return problems
+
+
+WIDTH = 1400  # the window: a laptop's browser
+
+# What the layout shows a reader, as a list of problems (JavaScript, run in the page).
+LAYOUT = """() => {
+  const problems = [];
+  const wide = document.documentElement.scrollWidth;
+  if (wide > window.innerWidth) problems.push(`the page is ${wide} px wide in a ${window.innerWidth} px window`);
+  for (const code of document.querySelectorAll('.md-typeset table code')) {
+    const lines = new Set([...code.getClientRects()].map(r => Math.round(r.top)));
+    if (lines.size > 1) problems.push(`code in a table broken over ${lines.size} lines: ${code.textContent}`);
+  }
+  for (const img of document.querySelectorAll('img.screenshot')) {
+    if (img.complete && img.width < img.naturalWidth) {
+      problems.push(`screenshot shrunk to ${img.width} of ${img.naturalWidth} px: ${img.getAttribute('src')}`);
+    }
+  }
+  return problems;
+}"""
 
 
 def check(site: Path, chromium: str | None, screenshots: Path | None) -> list[str]:
@@ -49,7 +72,7 @@ def check(site: Path, chromium: str | None, screenshots: Path | None) -> list[st
     try:
         with sync_playwright() as pw:
             browser = pw.chromium.launch(executable_path=chromium)
-            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            page = browser.new_page(viewport={"width": WIDTH, "height": 900})
             found: list[str] = []
             # Leaving a page aborts its pending requests (the search worker's): only real failures count.
             page.on("requestfailed", lambda r: None if "ERR_ABORTED" in (r.failure or "") else found.append(

@@ -517,30 +517,31 @@ COMMANDS = (
 )
 
 
-# The documentation site (a placeholder until it is published: pyproject.toml's Documentation URL), and the
-# page each command's --help names; tests/test_docs.py checks that every command has one and that it exists.
-DOCS = "https://spot-eval.readthedocs.io/en/latest/"
+# The documentation: the repository's docs/ folder, a site by `mkdocs serve` (it is not published), and the page
+# each command's --help names; tests/test_docs.py checks that every command has one and that page and anchor exist.
+DOCS = "docs/"
+DOCS_SITE = 'in the repository, or as a site: pip install ".[docs]" && mkdocs serve (http://127.0.0.1:8000)'
 DOCS_PAGES = {
-    "decode": "getting-started/#a-single-prompt",
-    "train-target": "targets/#the-embedded-target",
-    "collect": "methods/spot/#training-a-drafter-for-a-new-target",
-    "train-drafter": "methods/spot/#training-a-drafter-for-a-new-target",
-    "spiffy-calibrate": "methods/spiffy/#calibrating-a-graph-for-a-new-target",
-    "sync": "tracking/#outages-and-interrupted-runs",
-    "fit-gamma": "methods/spot-gamma/",
-    "calibrate-reach": "methods/budget-auto/#calibrating-a-drafter",
-    "fit-sets": "methods/spot-sets/#training-for-a-new-target",
-    "train-sets": "methods/spot-sets/#training-for-a-new-target",
-    "profile": "methods/budget-auto/#the-verify-cost-profile",
-    "nightly": "tracking/#nightly-reports",
-    "cache-datasets": "guides/tasks/#lm-evals-own-tasks-offline",
-    "compare": "tracking/#comparing-methods",
+    "decode": "getting-started.md#a-single-prompt",
+    "train-target": "targets.md#the-embedded-target",
+    "collect": "methods/spot.md#training-a-drafter-for-a-new-target",
+    "train-drafter": "methods/spot.md#training-a-drafter-for-a-new-target",
+    "spiffy-calibrate": "methods/spiffy.md#calibrating-a-graph-for-a-new-target",
+    "sync": "tracking.md#outages-and-interrupted-runs",
+    "fit-gamma": "methods/spot-gamma.md",
+    "calibrate-reach": "methods/budget-auto.md#calibrating-a-drafter",
+    "fit-sets": "methods/spot-sets.md#training-for-a-new-target",
+    "train-sets": "methods/spot-sets.md#training-for-a-new-target",
+    "profile": "methods/budget-auto.md#the-verify-cost-profile",
+    "nightly": "tracking.md#nightly-reports",
+    "cache-datasets": "guides/tasks.md#lm-evals-own-tasks-offline",
+    "compare": "tracking.md#comparing-methods",
 }
 
 
 def build_parser() -> argparse.ArgumentParser:
     pages = "\n".join(f"  {command.name:<18}{DOCS}{DOCS_PAGES[command.name]}" for command in COMMANDS)
-    parser = argparse.ArgumentParser(prog="spot-eval", description=__doc__, epilog=f"documentation: {DOCS}\n{pages}",
+    parser = argparse.ArgumentParser(prog="spot-eval", description=__doc__, epilog=f"documentation: {DOCS} {DOCS_SITE}\n{pages}",
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     for command in COMMANDS:

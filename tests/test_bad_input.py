@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -256,6 +257,36 @@ def test_lm_evals_command_line_prints_one_line_and_exits_2(model_args, message, 
         sys.excepthook(raised.type, raised.value, raised.tb)
     assert exited.value.code == 2 and message in one_error_line(capsys)
     assert not (tmp_path / "mlflow.db").exists()  # no MLflow run was opened
+
+
+def test_lm_evals_own_device_falls_back_in_one_line_but_a_typed_device_is_refused(monkeypatch, capsys, no_load):
+    """lm-eval passes its --device (default cuda:0) beside model_args. One this machine lacks falls back as lm-eval's
+    `hf` model does (CUDA where usable, else the CPU), in one `warning:` line; a device= typed in --model_args that
+    this machine lacks is refused before the model loads, whatever lm-eval passes beside it."""
+    from spot_eval.harness import registration, task_index
+
+    missing = f"cuda:{torch.cuda.device_count()}"  # cuda:0 on a machine without CUDA
+    built = {}
+    monkeypatch.setattr(sys, "argv", ["lm_eval", "--model", "spot"])
+    monkeypatch.setattr(registration, "register", lambda: None)
+    monkeypatch.setattr(task_index, "install", lambda: None)
+    registration.cli_startup()  # our warnings as one `warning:` line
+    with monkeypatch.context() as patch:
+        patch.setattr(lm.SpotLM, "__init__", lambda self, **kwargs: built.update(kwargs))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            lm.SpotLM.create_from_arg_string("", {"device": missing, "batch_size": 1})
+        assert built["device"] == "auto" and built["batch_size"] == 1
+        [warning] = caught
+        line = warnings.formatwarning(warning.message, warning.category, warning.filename, warning.lineno)
+        chosen = "cuda:0" if torch.cuda.is_available() else "cpu"
+        assert line.startswith(f"warning: lm-eval's device '{missing}' is not usable here (") and line.count("\n") == 1
+        assert line.endswith(f"); decoding on {chosen} (device=... in --model_args chooses)\n")
+        built.clear()
+        lm.SpotLM.create_from_arg_string("", {"device": "cpu"})  # a usable one is kept
+        assert built["device"] == "cpu"
+    with pytest.raises(ValueError, match=f"device='{missing}' but"):
+        lm.SpotLM.create_from_arg_string(f"device={missing}", {"device": "cpu"})
 
 
 @pytest.mark.slow

@@ -43,11 +43,13 @@ def checkpoint(tmp_path_factory) -> str:
 def test_the_real_lm_eval_console_script_runs_every_task_offline_into_one_mlflow_run(checkpoint, tmp_path):
     """The `lm_eval` console script with `--model spot`, strictly offline and with an empty HF cache, on all four
     tasks (the code tasks score in the sandbox without `evaluate`, so scoring needs no hub): every task scores, and
-    the run's records, outcomes and one MLflow run (accuracy included) are complete. `python -m lm_eval` (the
-    start-up registration under -m) runs under accelerate in tests/test_parallel.py and tests/test_nightly.py."""
+    the run's records, outcomes and one MLflow run (accuracy included) are complete. No device= in the model_args:
+    lm-eval's own default (cuda:0) falls back to the CPU on a machine without CUDA, in one line. The run's last lines
+    are its summary and the pointers to its files, after lm-eval's table. `python -m lm_eval` (the start-up
+    registration under -m) runs under accelerate in tests/test_parallel.py and tests/test_nightly.py."""
     existing_store(tmp_path)  # the run's default store, ./mlflow.db
     lm_eval = shutil.which("lm_eval", path=str(Path(os.sys.executable).parent))
-    args = f"pretrained={checkpoint},methods=oracle+random,budgets=4,gen_length=32,device=cpu,temperature=1.0"
+    args = f"pretrained={checkpoint},methods=oracle+random,budgets=4,gen_length=32,temperature=1.0"
     run = subprocess.run(
         [lm_eval, "--model", "spot", "--model_args", args, "--tasks", "spot_all", "--include_path", str(REPO / "tasks"),
          "--limit", "2", "--confirm_run_unsafe_code", "--output_path", str(tmp_path / "out"), "--log_samples"],
@@ -58,6 +60,14 @@ def test_the_real_lm_eval_console_script_runs_every_task_offline_into_one_mlflow
     table = run.stdout.replace(" ", "")
     assert all(f"{name}|1|" in table for name in SPOT_TASKS), run.stdout  # lm-eval's table: every task scored
     assert "draft_free" in run.stdout  # the spot model's own summary
+    if not torch.cuda.is_available():
+        [fallback] = [line for line in run.stderr.splitlines() if "device" in line and "usable" in line]
+        assert fallback.startswith("warning: lm-eval's device 'cuda:0' is not usable here") and "decoding on cpu" in fallback
+    # The last lines: the summary (after lm-eval's table), the run directory and the MLflow command.
+    lines = run.stdout.rstrip("\n").splitlines()
+    assert lines[-2].startswith("spot-eval: samples and summary in spot-eval-runs/"), lines[-12:]
+    assert lines[-1].startswith("spot-eval: MLflow run ") and "mlflow ui --backend-store-uri sqlite:///" in lines[-1]
+    assert run.stdout.index("), gen_kwargs: (") < run.stdout.index("forward_ratio  throughput_ratio")  # lm-eval's first
     results = json.loads(next((tmp_path / "out").rglob("results_*.json")).read_text())
     assert "exact_match,strict-match" in results["results"]["spot_gsm8k"]
     assert results["config"]["spot"]["methods"] == ["oracle@4", "random@4"]
@@ -88,7 +98,8 @@ def test_the_real_lm_eval_console_script_runs_every_task_offline_into_one_mlflow
     assert set(by_name) == {"draft_free", "oracle@4", "random@4"}
     assert by_name["oracle@4"]["spot_gsm8k/lossless"] == 1.0 and by_name["oracle@4"]["spot_gsm8k/forward_ratio"] > 1.0
     artifacts = {a.path for a in client.list_artifacts(parent.info.run_id, "spot-eval")}
-    assert {"spot-eval/samples.jsonl", "spot-eval/throughput_ratio.png", "spot-eval/lm_eval_results.json"} <= artifacts
+    assert {"spot-eval/samples.jsonl", "spot-eval/throughput_ratio.png", "spot-eval/forward_ratio.png",
+            "spot-eval/lm_eval_results.json"} <= artifacts  # the run's plots beside its files
 
 
 def run_lm_eval(*args: str, cwd: Path) -> subprocess.CompletedProcess:

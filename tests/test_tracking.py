@@ -26,12 +26,15 @@ from spot_eval.tracking import writer
 from spot_eval.tracking.spool import Spool
 from spot_eval.tracking.sync import sync
 from spot_eval.tracking.writer import (
+    LEADING_COLUMNS,
     MAX_EXPERIMENT_TAG,
+    NOTE,
     VIEW_TAG,
     InputDataset,
     NullTracker,
     Tracker,
     TrackingConfig,
+    header_width,
     open_tracker,
     resume,
     runs_view,
@@ -80,8 +83,10 @@ def _check_evaluation(client: MlflowClient, run_id: str, tmp_path: Path) -> None
     assert parent.data.params["model_args"] == "target=toy,budget=8" and "git_commit" in parent.data.params
     assert parent.data.metrics == {ACCURACY: 0.25}
     view = json.loads(client.get_experiment(parent.info.experiment_id).tags[VIEW_TAG + runs_view(*VIEW)[0]])
+    picked = ["metrics.`gsm8k/throughput_ratio`", f"metrics.`{ACCURACY}`"]
     assert view["name"] == VIEW[0] and json.loads(view["state"]) == {
-        "selectedColumns": ["attributes.`Dataset`", "metrics.`gsm8k/throughput_ratio`", f"metrics.`{ACCURACY}`"]}
+        "selectedColumns": ["attributes.`Dataset`", *picked], "columnOrder": [*LEADING_COLUMNS, *picked],
+        "columnWidths": {c: header_width(c) for c in picked}}
     [logged] = parent.inputs.dataset_inputs
     assert InputDataset(**{k: getattr(logged.dataset, k) for k in ("name", "digest", "source_type", "source", "profile", "schema")},
                         context=logged.tags[0].value) == GSM8K and [t.key for t in logged.tags] == ["mlflow.data.context"]
@@ -129,7 +134,7 @@ def test_a_saved_view_of_the_runs_table_fits_in_an_experiment_tag_and_has_a_link
     many = [f"method_{i}/task_with_a_long_name_{i}/throughput_ratio" for i in range(1000)]
     view, value = runs_view("many", many)
     columns = json.loads(json.loads(value)["state"])["selectedColumns"]
-    assert len(value) <= MAX_EXPERIMENT_TAG and 100 < len(columns) < 1000 and columns[1] == f"metrics.`{many[0]}`"
+    assert len(value) <= MAX_EXPERIMENT_TAG and 50 < len(columns) < 1000 and columns[1] == f"metrics.`{many[0]}`"
     assert runs_view("many", many)[0] == view != runs_view("other", many)[0]
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     tracker = open_tracker(TrackingConfig(tracking_uri=uri, experiment="views", spool_dir=str(tmp_path / "spool")))
@@ -139,6 +144,13 @@ def test_a_saved_view_of_the_runs_table_fits_in_an_experiment_tag_and_has_a_link
     # `mlflow ui` serves a local store at 127.0.0.1:5000; the link opens the runs table, not the GenAI overview.
     assert tracker.ui_link(view) == (f"http://127.0.0.1:5000/#/experiments/{experiment.experiment_id}/runs"
                                      f"?workflowType=machine_learning&viewStateShareKey={view}")
+    # The experiment's description is spot-eval's to write until someone writes their own, which stays.
+    client = MlflowClient(uri)
+    tracker.describe_experiment("**spot-eval**: ours", "**spot-eval**")
+    assert client.get_experiment(experiment.experiment_id).tags[NOTE] == "**spot-eval**: ours"
+    client.set_experiment_tag(experiment.experiment_id, NOTE, "my own notes")
+    tracker.describe_experiment("**spot-eval**: again", "**spot-eval**")
+    assert client.get_experiment(experiment.experiment_id).tags[NOTE] == "my own notes"
     tracker.end()
     assert NullTracker().save_view(*VIEW) is None and NullTracker().ui_link() is None
 
@@ -301,19 +313,32 @@ def test_server_killed_mid_run_loses_nothing(server, tmp_path, capsys):
 # -- the same through `lm_eval --model spot` ------------------------------------------------------
 
 
-def _check_spot_run(client: MlflowClient, cwd: Path) -> None:
+def _check_spot_run(client: MlflowClient, cwd: Path, live: bool = True) -> None:
+    """What `lm_eval --model spot` logged (`live`: to a store that answered; else spooled, then synced, when the
+    experiment's id, which the links to MLflow's UI name, was not known while the run wrote)."""
     found = client.get_experiment_by_name("spot-eval")
     assert found.tags["mlflow.experimentKind"] == "custom_model_development"  # MLflow's UI opens on the runs table
     experiment = found.experiment_id
     [parent] = client.search_runs([experiment], "tags.mlflow.runName = 'spot-eval'")
     assert "spot_gsm8k/exact_match_strict-match" in parent.data.metrics
-    # Each method's headline figures on the parent, as the runs table's columns; the summary as its description.
+    # Each method's headline figures on the parent, as the runs table's columns, named short enough for a header to
+    # show whole and rounded as the reports print them; the summary as its description, with the link to the table.
+    metrics = parent.data.metrics
     for label in ("draft_free", "oracle_4"):
-        for figure in ("throughput_ratio", "forward_ratio", "tokens_per_forward", "lossless"):
-            assert f"{label}/spot_gsm8k/{figure}" in parent.data.metrics, (label, figure)
-    assert parent.data.metrics["oracle_4/spot_gsm8k/lossless"] == 1.0 and parent.data.metrics["oracle_4/spot_gsm8k/forward_ratio"] > 1
-    note = parent.data.tags["mlflow.note.content"]
-    assert "| task | method | requests | throughput × |" in note and "| spot_gsm8k | oracle@4 | 2 |" in note
+        for figure in ("fwd_x", "tput_x", "lossless"):
+            assert f"{label}/spot_gsm8k/{figure}" in metrics, (label, figure)
+    assert metrics["oracle_4/spot_gsm8k/lossless"] == 1.0 and metrics["oracle_4/spot_gsm8k/fwd_x"] > 1
+    assert all(round(metrics[f"oracle_4/spot_gsm8k/{k}"], 2) == metrics[f"oracle_4/spot_gsm8k/{k}"] for k in ("fwd_x", "tput_x"))
+    [oracle] = [c for c in client.search_runs([experiment], f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
+                if c.info.run_name == "oracle@4"]
+    assert oracle.data.metrics["spot_gsm8k/forward_ratio"] == pytest.approx(metrics["oracle_4/spot_gsm8k/fwd_x"], abs=0.005)
+    note = parent.data.tags[NOTE]
+    path = f"#/experiments/{experiment}/runs?workflowType=machine_learning&viewStateShareKey="
+    assert "\n```text\n" in note and re.search(r"spot_gsm8k\s+oracle@4\s+2\s", note)
+    if live:  # the link to the runs table with the headline columns, in the run's and the experiment's descriptions
+        # (atop each of the experiment's pages, the GenAI overview's too): the one click to that table
+        assert f"]({path}" in note
+        assert found.tags[NOTE].startswith("**spot-eval**: **[Open the runs table with the headline columns](" + path)
     tags = parent.data.tags
     assert tags["spot_eval.dtype"] == "float32" and tags["spot_eval.device"] == "cpu" and tags["spot_eval.torch"] == torch.__version__
     assert tags["spot_eval.target"] and tags["spot_eval.lm_eval"] == "0.4.13" and float(tags["spot_eval.peak_memory_mb"]) > 0
@@ -336,7 +361,7 @@ def _check_spot_run(client: MlflowClient, cwd: Path) -> None:
     [view] = [json.loads(v) for k, v in found.tags.items() if k.startswith(VIEW_TAG)]
     columns = json.loads(view["state"])["selectedColumns"]
     assert view["name"] == "spot-eval: spot_gsm8k | oracle@4" and columns == [
-        "attributes.`Dataset`", *(f"metrics.`oracle_4/spot_gsm8k/{k}`" for k in ("throughput_ratio", "forward_ratio", "tokens_per_forward", "lossless")),
+        "attributes.`Dataset`", *(f"metrics.`oracle_4/spot_gsm8k/{k}`" for k in ("fwd_x", "tput_x", "lossless")),
         "metrics.`spot_gsm8k/exact_match_strict-match`", "metrics.`spot_gsm8k/exact_match_flexible-extract`"]
 
 
@@ -369,7 +394,7 @@ def test_lm_eval_with_the_server_down_spools_and_sync_uploads(tmp_path, capsys):
         sync = subprocess.run([sys.executable, "-m", "spot_eval.cli", "sync", "--spool", str(spool), "--tracking-uri", down.uri],
                               capture_output=True, text=True, cwd=tmp_path, timeout=300)
         assert sync.returncode == 0, sync.stderr
-        _check_spot_run(MlflowClient(tracking_uri=down.uri), tmp_path)
+        _check_spot_run(MlflowClient(tracking_uri=down.uri), tmp_path, live=False)
     finally:
         down.stop()
 
@@ -402,3 +427,15 @@ def test_two_processes_opening_a_fresh_sqlite_store_at_once_both_succeed(tmp_pat
     assert sorted(r.info.run_name for r in runs) == ["rank0", "rank1"]
     assert all(r.info.status == "FINISHED" for r in runs)
     assert not (tmp_path / "spool0").exists() and not (tmp_path / "spool1").exists()  # nothing was spooled
+
+
+def test_the_headline_columns_round_as_the_reports_print_them_and_lossless_reads_1_only_when_all_matched():
+    import pandas as pd
+
+    from spot_eval.harness.session import description, parent_headline
+
+    table = pd.DataFrame({"task": ["gsm8k"], "label": ["spot@8"], "requests": [2500], "forward_ratio": [2.3456],
+                          "throughput_ratio": [0.5749], "tokens_per_forward": [1.5], "lossless": [2499 / 2500]})
+    assert parent_headline(table) == {"spot_8/gsm8k/fwd_x": 2.35, "spot_8/gsm8k/tput_x": 0.57, "spot_8/gsm8k/lossless": 0.999}
+    note = description(table, "#/experiments/1/runs?workflowType=machine_learning")
+    assert "0.999" in note and "1.000" not in note and "](#/experiments/1/runs?workflowType=machine_learning)" in note

@@ -148,6 +148,8 @@ class SpotLM(LM):
     def create_from_arg_obj(cls, arg_dict: dict, additional_config: dict | None = None) -> SpotLM:
         # lm-eval passes --device/--batch_size beside model_args; a model_args value wins (no clash).
         extra = {k: v for k, v in (additional_config or {}).items() if v is not None}
+        if "device" in extra and "device" not in arg_dict:
+            extra["device"] = settings.fall_back_device(str(extra["device"]))
         return cls(**{**extra, **arg_dict})
 
     @classmethod

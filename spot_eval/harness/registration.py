@@ -4,7 +4,9 @@
 used), imports `lm_eval.models` first so the built-ins (`hf`, `dummy`, ...) stay resolvable, and
 wraps `lm_eval.evaluator.evaluate` so that a SpotLM sees the scored results: accuracy lands in
 the same run as the decoding statistics even under the plain `lm_eval` command (and the evaluated
-tasks, which score a lossy method's own texts: spot_eval.harness.rescore).
+tasks, which score a lossy method's own texts: spot_eval.harness.rescore). Under lm-eval's command line
+it also wraps the `run` command, so that what a run says last (`say_last`: its summary, the run directory
+and the MLflow link) prints after lm-eval's own results table, which lm-eval prints after evaluate returns.
 The installed `spot_eval_lm_eval.pth` (see setup.py; a regular or an editable install) runs
 `at_startup()` in every interpreter of the environment, which calls `cli_startup()` only when the
 program is lm-eval's command line: the `lm_eval`/`lm-eval` console script or `python -m lm_eval`
@@ -61,6 +63,10 @@ def cli_startup() -> None:
         from spot_eval.harness import task_index
 
         task_index.install()
+    from lm_eval._cli.run import Run
+
+    if not getattr(Run._execute, "_spot_wrapped", False):
+        Run._execute = staticmethod(_last_words(Run._execute))
     default_hook = sys.excepthook
 
     def hook(kind, error, tb):
@@ -162,6 +168,38 @@ def _consents_first(simple_evaluate):
             if missing:
                 raise ValueError(" ".join(missing))
         return simple_evaluate(*args, **kwargs)
+
+    wrapped._spot_wrapped = True
+    return wrapped
+
+
+# While lm-eval's `run` command runs (under `_last_words`): the lines a run says last, printed after lm-eval's table.
+_closing: list[str] | None = None
+
+
+def say_last(lines: list[str]) -> None:
+    """Print `lines` as the run's last words: at once outside lm-eval's command line (a program that calls
+    simple_evaluate), else after lm-eval has printed its results table, as the command's last lines."""
+    if _closing is None:
+        print("\n".join(lines), flush=True)
+    else:
+        _closing.extend(lines)
+
+
+def _last_words(execute):
+    """lm-eval's `run` command, then the lines `say_last` kept: also when the run ends with an error (a divergence
+    ends it with SystemExit after the files are written), so the pointers to them are never lost."""
+
+    @functools.wraps(execute)
+    def wrapped(args) -> None:
+        global _closing
+        _closing = []
+        try:
+            execute(args)
+        finally:
+            lines, _closing = _closing, None
+            if lines:
+                print("\n".join(lines), flush=True)
 
     wrapped._spot_wrapped = True
     return wrapped

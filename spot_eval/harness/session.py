@@ -12,7 +12,7 @@ A run directory holds:
     summary.csv       per task and method: sums and ratios against draft-free
     outcomes.jsonl    per scored sample, metric and label: lm-eval's value for the draft-free text (with
                       `--log_samples`), and each lossy method's own text scored the same way
-    lm_eval_results.json, throughput_ratio.png, accepted_lengths.png
+    lm_eval_results.json, throughput_ratio.png, forward_ratio.png, accepted_lengths.png
 `spot_eval.reports.results` reads these back (nightly reports, `spot-eval compare`).
 """
 
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 import tempfile
 import time
@@ -36,8 +37,9 @@ from mlflow.data.huggingface_dataset_source import HuggingFaceDatasetSource
 from spot.policy import Margins
 from spot_eval.harness.lossless import Divergence, MethodRecord
 from spot_eval.harness.parallel import ONE_PROCESS, Ranks
+from spot_eval.harness.registration import say_last
 from spot_eval.harness.rescore import score_texts
-from spot_eval.reports.plots import accepted_histogram, throughput_bars
+from spot_eval.reports.plots import accepted_histogram, grouped_bars, throughput_bars
 from spot_eval.reports.regression import describe, lossy_accuracy
 from spot_eval.reports.results import RATIOS, summarize
 from spot_eval.tracking.writer import InputDataset, Tracker, safe_name
@@ -227,20 +229,20 @@ class Session:
         table = self.summary()
         accuracy = lossy_accuracy(pd.DataFrame(scored))
         self._log(table, results, accuracy, limit)
+        lines = []
         if not table.empty:
             columns = ["task", "label", "requests", "forward_ratio", "throughput_ratio", "tokens_per_forward", "lossless"]
-            print(table[columns].to_string(index=False, float_format=lambda x: f"{x:.3f}"))
-            print(LEGEND)
-            for line in lossy_lines(table, accuracy):
-                print(line)
-        print(f"spot-eval: samples and summary in {self.out_dir}")
+            lines += [table[columns].to_string(index=False, float_format=lambda x: f"{x:.3f}"), LEGEND,
+                      *lossy_lines(table, accuracy)]
+        lines.append(f"spot-eval: samples and summary in {self.out_dir}")
         uri = getattr(self.tracker, "uri", None)
         link = self.tracker.ui_link(self.view)
         if uri and uri.startswith("sqlite:"):
-            print(f"spot-eval: MLflow run {self.tracker.run_id}; browse with: mlflow ui --backend-store-uri {uri}"
-                  + (f", then open {link}" if link else ""))
+            lines.append(f"spot-eval: MLflow run {self.tracker.run_id}; browse with: mlflow ui --backend-store-uri {uri}"
+                         + (f", then open {link}" if link else ""))
         elif uri:
-            print(f"spot-eval: MLflow run {self.tracker.run_id} at {uri}" + (f"; its runs table: {link}" if link else ""))
+            lines.append(f"spot-eval: MLflow run {self.tracker.run_id} at {uri}" + (f"; its runs table: {link}" if link else ""))
+        say_last(lines)  # under lm-eval's command line: after its results table, as the run's last lines
         bad = self.divergences()
         self.tracker.end("FAILED" if bad and self.args.fail_on_divergence else "FINISHED")
         failures = []
@@ -262,20 +264,23 @@ class Session:
         scores = {}  # lm-eval's numbers per task: its metrics ("metric,filter") and others (sample_len)
         for task, metrics in ((results or {}).get("results") or {}).items():
             scores |= {f"{task}/{k}": v for k, v in metrics.items() if isinstance(v, (int, float)) and "stderr" not in k}
-        if scores:
-            tracker.log_metrics({safe_name(k): v for k, v in scores.items()})
+        if scores:  # rounded as lm-eval's own table prints them
+            tracker.log_metrics({safe_name(k): round(v, 4) for k, v in scores.items()})
         if results is not None:
             tracker.log_params({safe_name(f"task_version/{t}"): v for t, v in (results.get("versions") or {}).items()})
         frame = self.frame()
         tracker.set_tags({PEAK_MEMORY: f"{peak_memory_mb():.0f}"})
         if not table.empty:  # each method's headline figures on the parent too, where MLflow's runs table shows them as columns
-            headline = {safe_name(f"{r.label}/{r.task}/{k}"): float(r[k]) for _, r in table.iterrows() for k in HEADLINE}
+            headline = parent_headline(table)
             tracker.log_metrics(headline)
-            tracker.set_tags({NOTE: description(table)})
             # MLflow's runs table shows them once picked: a saved view picks the methods' figures and the accuracy
             # (not draft-free's, whose ratios are 1 by definition: it is the reference).
             methods = [k for k in headline if not k.startswith("draft_free/")] or list(headline)
             self.view = tracker.save_view(view_name(table), [*methods, *(k for k in scores if "," in k)])
+            path = tracker.ui_path(self.view)
+            tracker.set_tags({NOTE: description(table, path)})
+            if path is not None:
+                tracker.describe_experiment(experiment_description(path), EXPERIMENT_NOTE_START)
         for label, rows in table.groupby("label", sort=False) if not table.empty else ():
             with tracker.child(label) as run:
                 for _, row in rows.iterrows():
@@ -301,7 +306,11 @@ class Session:
         if not table.empty:
             def plots(out: Path) -> None:
                 if (table.label != "draft_free").any():
-                    throughput_bars(table, out / "throughput_ratio.png")
+                    ran = table.assign(temperature=float(self.args.temperature))  # the figures' panel title
+                    throughput_bars(ran, out / "throughput_ratio.png")
+                    forward = ran.rename(columns={"forward_ratio": "forward_mean"})
+                    grouped_bars(forward, "forward", out / "forward_ratio.png", "forwards × over draft-free",
+                                 "target forwards saved (same requests): the hardware-independent saving")
                 accepted_histogram(frame, out / "accepted_lengths.png")
 
             self._write(plots)
@@ -326,12 +335,51 @@ def peak_memory_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def description(table: pd.DataFrame) -> str:
-    """The run's summary as a markdown table: task, method, requests and the headline figures."""
-    rows = ["| task | method | requests | throughput × | forwards × | tokens / forward | lossless |", "|---|---|---:|---:|---:|---:|---:|"]
-    rows += [f"| {r.task} | {r.label} | {r.requests} | {r.throughput_ratio:.2f} | {r.forward_ratio:.2f} | "
-             f"{r.tokens_per_forward:.2f} | {r.lossless:.2f} |" for _, r in table.iterrows()]
-    return "spot-eval: draft-free decoding against each method on the same requests (ratios over draft-free).\n\n" + "\n".join(rows)
+# The parent run's headline columns in MLflow's runs table, per method and task: short names that a header shows whole
+# (the reports' "fwd ×" and "tput ×"), rounded as the reports print them. lossless is rounded down, so that only a
+# method lossless on every request reads 1. The nested run of each method keeps every figure unrounded.
+PARENT_FIGURES = {"forward_ratio": "fwd_x", "throughput_ratio": "tput_x", "lossless": "lossless"}
+
+
+def lossless_shown(share: float) -> float:
+    """A lossless share to 3 decimals, rounded down (0.9996 is 0.999, not 1): 1 only when every request matched."""
+    return math.floor(round(share * 1000, 6)) / 1000  # round first: 0.57 * 1000 is 569.99999999999994
+
+
+def parent_headline(table: pd.DataFrame) -> dict[str, float]:
+    """`<method>/<task>/fwd_x`, `tput_x` (2 decimals) and `lossless` (3 decimals, rounded down) per summary row."""
+    out = {}
+    for _, r in table.iterrows():
+        for column, short in PARENT_FIGURES.items():
+            value = float(r[column])
+            out[safe_name(f"{r.label}/{r.task}/{short}")] = lossless_shown(value) if column == "lossless" else round(value, 2)
+    return out
+
+
+def description(table: pd.DataFrame, path: str | None = None) -> str:
+    """The run's summary (MLflow's run description, markdown): task, method, requests and the headline figures as an
+    aligned text block (a markdown table's cells run together in MLflow's run page), and a link to the runs table
+    with them as columns (`path`, relative to MLflow's UI)."""
+    shown = pd.DataFrame({"task": table.task, "method": table.label, "requests": table.requests,
+                          "fwd ×": table.forward_ratio.map("{:.2f}".format),
+                          "tput ×": table.throughput_ratio.map("{:.2f}".format),
+                          "tokens / forward": table.tokens_per_forward.map("{:.2f}".format),
+                          "lossless": table.lossless.map(lambda share: f"{lossless_shown(share):.3f}")})
+    link = f" [The runs table with these figures as columns]({path})." if path else ""
+    return ("spot-eval: draft-free decoding against each method on the same requests (ratios over draft-free)." + link
+            + "\n\n```text\n" + shown.to_string(index=False) + "\n```")
+
+
+EXPERIMENT_NOTE_START = "**spot-eval**"  # how the experiment description spot-eval writes begins (a user's own stays)
+
+
+def experiment_description(path: str) -> str:
+    """The experiment's description (atop each of its pages in MLflow's UI, the GenAI overview's too): the one click
+    to the runs table with the latest evaluation's headline columns, and the switch that makes MLflow open it."""
+    return (f"{EXPERIMENT_NOTE_START}: **[Open the runs table with the headline columns]({path})** (per method and "
+            "task fwd_x, tput_x and lossless, and the accuracy: the latest evaluation's view, also in the Views menu). "
+            "MLflow opens an experiment on the page of the GenAI / Model training switch atop its sidebar: Model "
+            "training opens the runs table, and the browser remembers it.")
 
 
 def view_name(table: pd.DataFrame) -> str:

@@ -131,6 +131,20 @@ def resolve_device(name: str, value: str) -> str:
     return str(device)
 
 
+def fall_back_device(value: str) -> str:
+    """The device lm-eval passes beside model_args (its --device, or its default cuda:0), where that device is not
+    usable here: `auto`, with one warning line, as lm-eval's own `hf` model falls back (to CUDA where usable, else
+    the CPU). A device typed in model_args goes through `resolve_device` and is refused instead."""
+    try:
+        resolve_device("--device", value)
+    except ValueError as err:
+        chosen = resolve_device("device", "auto")
+        warnings.warn(f"lm-eval's device {value!r} is not usable here ({str(err).split(' but ', 1)[-1].split(';')[0]}); "
+                      f"decoding on {chosen} (device=... in --model_args chooses)", RuntimeWarning, stacklevel=2)
+        return "auto"
+    return value
+
+
 def check_cache(name: str, value: str | None) -> None:
     if value is not None and value not in CACHES:
         raise ValueError(f"{name}={value!r}: use one of {', '.join(CACHES)} (LLaDA and Dream targets only)")

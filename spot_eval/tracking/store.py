@@ -93,10 +93,11 @@ def client_env() -> Iterator[None]:
                 os.environ[key] = value
 
 
-# MLflow 3 opens an experiment without this tag on its GenAI overview (traces, latency charts), empty for us;
-# "custom_model_development" opens it on the runs table, where the methods' figures are columns. MLflow 3.17's UI
-# decides by its own GenAI / Model training switch instead (remembered per browser), so the link an evaluation
-# prints says which (writer.MlflowTracker.ui_link) and picks the columns (writer.runs_view).
+# MLflow 3.0 to 3.9 open an experiment by this tag: without it on the GenAI overview (traces, latency charts), empty
+# for us; "custom_model_development" on the runs table, where the methods' figures are columns (a team's server may
+# still run one of those). From 3.10 the UI decides by its own GenAI / Model training switch (remembered per browser)
+# and reads no tag, so the link an evaluation prints says which (writer.MlflowTracker.ui_link), picks the columns
+# (writer.runs_view), and the experiment's description carries the same link (docs/tracking.md).
 EXPERIMENT_KIND, MODEL_DEVELOPMENT = "mlflow.experimentKind", "custom_model_development"
 
 

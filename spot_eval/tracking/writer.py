@@ -93,24 +93,40 @@ class InputDataset:
         return DatasetInput(dataset, [InputTag(MLFLOW_DATASET_CONTEXT, self.context)])
 
 
-# MLflow 3's runs table shows no metric column until someone picks it (its "Columns" menu). A saved view (its "Views"
-# menu: an experiment tag `mlflow.sharedViewState.<id>` holding the table's state as JSON) picks them, and `ui_link`
-# opens the runs table with it. `workflowType=machine_learning` there keeps MLflow 3.17's UI off its GenAI overview,
-# where it opens an experiment whatever the experiment's kind tag (store.EXPERIMENT_KIND) says.
+# MLflow's runs table shows no metric column until someone picks it (its "Columns" menu). A saved view (its "Views"
+# menu: an experiment tag `mlflow.sharedViewState.<id>` holding the table's state as JSON) picks them, in order and
+# wide enough for each header to read whole (`columnOrder`, `columnWidths`: MLflow 3.15 and later), and `ui_link`
+# opens the runs table with it. MLflow 3.10 and later open an experiment on the page of the browser's own GenAI /
+# Model training switch (GenAI, its overview, unless switched), whatever the experiment's kind tag
+# (store.EXPERIMENT_KIND) says; `workflowType=machine_learning` in the link picks the runs table (3.15 and later).
 VIEW_TAG = "mlflow.sharedViewState."
 MAX_EXPERIMENT_TAG = 20000  # MLflow's limit on an experiment tag's value
 LOCAL_UI = "http://127.0.0.1:5000"  # where `mlflow ui` serves a local store by default
+# The runs table's columns left of the picked ones (AG Grid ids): the run's name, when it ran, and its dataset.
+LEADING_COLUMNS = ("attributes.`Run Name`", "runDateAndNestInfo", "attributes.`Dataset`")
+# A header's width in MLflow's table: its text (13 px semibold, about 7.5 px a character) and the sort icon's room.
+HEADER_PX_PER_CHARACTER, HEADER_PADDING_PX = 7.5, 48
+# The experiment's description in MLflow's UI (markdown, shown atop every page of the experiment, GenAI's too).
+NOTE = "mlflow.note.content"
+
+
+def header_width(column: str) -> int:
+    """The width (px) at which MLflow's runs table shows a metric column's whole header (`metrics.`name``)."""
+    return round(len(column.removeprefix("metrics.").strip("`")) * HEADER_PX_PER_CHARACTER + HEADER_PADDING_PX)
 
 
 def runs_view(name: str, metrics: Sequence[str]) -> tuple[str, str]:
     """A saved view of MLflow's runs table named `name` that shows the Dataset column and the metrics `metrics` (as
-    logged: made safe here; the first ones where not all fit in an experiment tag; the table orders them by name):
-    (its id, the tag's value). The id is a digest of both, so the same view saved again replaces itself."""
+    logged: made safe here; the first ones where not all fit in an experiment tag), in that order, each column wide
+    enough for its whole header: (its id, the tag's value). The id is a digest of both, so the same view saved again
+    replaces itself."""
     columns = ["attributes.`Dataset`", *(f"metrics.`{safe_name(m)}`" for m in dict.fromkeys(metrics))]
     stamp = _now_ms()
 
     def value(n: int) -> str:
-        state = json.dumps({"selectedColumns": columns[:n]})
+        picked = columns[:n]
+        state = json.dumps({"selectedColumns": picked, "columnOrder": [*LEADING_COLUMNS, *picked[1:]],
+                            "columnWidths": {c: header_width(c) for c in picked[1:]}})
         return json.dumps({"name": name, "createdAt": stamp, "updatedAt": stamp, "state": state})
 
     low, high = 1, len(columns)  # the most columns that fit: between low and high
@@ -139,6 +155,10 @@ class Tracker(Protocol):
     def save_view(self, name: str, metrics: Sequence[str]) -> str | None: ...
 
     def ui_link(self, view: str | None = None) -> str | None: ...
+
+    def ui_path(self, view: str | None = None) -> str | None: ...
+
+    def describe_experiment(self, markdown: str, ours: str) -> None: ...
 
     def child(self, name: str) -> Tracker: ...
 
@@ -184,6 +204,12 @@ class NullTracker(_EndsOnExit):
 
     def ui_link(self, view: str | None = None) -> str | None:
         return None
+
+    def ui_path(self, view: str | None = None) -> str | None:
+        return None
+
+    def describe_experiment(self, markdown: str, ours: str) -> None:
+        pass
 
     def child(self, name: str) -> NullTracker:
         return self
@@ -425,8 +451,8 @@ class MlflowTracker(_EndsOnExit):
     def ui_link(self, view: str | None = None) -> str | None:
         """The link that opens the experiment's runs table in MLflow's UI (with the saved view `view`): on the
         tracking server, or for a local store where `mlflow ui` serves it by default. None while spooling."""
-        session = self._session
-        if session.client is None or not session.experiment_id:
+        path = self.ui_path(view)
+        if path is None:
             return None
         if self.uri.startswith(("http://", "https://")):
             base = self.uri.rstrip("/")
@@ -434,8 +460,27 @@ class MlflowTracker(_EndsOnExit):
             base = LOCAL_UI
         else:
             return None
+        return f"{base}/{path}"
+
+    def ui_path(self, view: str | None = None) -> str | None:
+        """The runs table's place in MLflow's UI (with the saved view `view`), relative to the UI's own address: what
+        a link in a description names, which works wherever the UI is served. None while spooling."""
+        session = self._session
+        if session.client is None or not session.experiment_id:
+            return None
         query = "workflowType=machine_learning" + (f"&viewStateShareKey={view}" if view else "")
-        return f"{base}/#/experiments/{session.experiment_id}/runs?{query}"
+        return f"#/experiments/{session.experiment_id}/runs?{query}"
+
+    def describe_experiment(self, markdown: str, ours: str) -> None:
+        """Set the experiment's description (MLflow shows it atop each of the experiment's pages) to `markdown`,
+        unless it has one that does not start with `ours` (someone's own, which stays)."""
+        self._check_open()
+        session = self._session
+        found = session.send(lambda c: c.get_experiment(session.experiment_id).tags.get(NOTE))
+        if session.client is None or (found and not found.startswith(ours)):
+            return
+        session.send(lambda c: c.set_experiment_tag(session.experiment_id, NOTE, markdown))
+        session.spool.append({"op": "experiment_tags", "run": self._key, "tags": {NOTE: markdown}})
 
     def child(self, name: str) -> MlflowTracker:
         self._check_open()
