@@ -45,7 +45,8 @@ def caption(bundle: Bundle, temperature: float) -> str:
             f"T = {temperature:g}, seeds {', '.join(map(str, seeds))}. tput × and fwd ×: throughput and target-forward ratios over the reference decoder on the same "
             f"requests, each request's methods decoded back to back in one process (mean ± std over seeds); τ: decoding "
             f"steps accepted per target forward (1.00 for a draft-free decoder); acc.: lm-eval's first metric "
-            f"of the task, the same for every lossless method; best speculative cell per column in bold. "
+            f"of the task, the same for every lossless method; the best speculative cell per column in bold where it beats "
+            f"draft-free. "
             f"{table2.LOSSLESS} = every output token-identical to draft-free with drafts accepted; {table2.INCONCLUSIVE} = "
             f"identical, but no draft was ever accepted; {table2.DIVERGED} = the share identical; {table2.BY_DESIGN} = "
             "max-commit, which differs from draft-free by design.")
@@ -58,18 +59,19 @@ FREE, BOUND = "freedave", "oracle"
 
 
 def rivals(numbers: pd.DataFrame) -> pd.DataFrame:
-    """Per temperature, policy, task and budget N that the oracle ran at: each method at N, its forward ratio, draft
-    nodes per forward, and its share of the bound, (ratio - 1) / (oracle's - 1): the forwards a perfect drafter of
-    N nodes would save that this one saved."""
-    at = numbers[numbers.label.str.contains("@")].assign(family=lambda d: d.label.str.partition("@")[0],
-                                                          budget=lambda d: d.label.str.partition("@")[2])
+    """Per temperature, policy, task and fixed budget N: each method at N, its forward ratio, draft nodes per
+    forward and, where the oracle ran at N too, its share of the bound, (ratio - 1) / (oracle's - 1): the forwards a
+    perfect drafter of N nodes would save that this one saved (NaN without the oracle)."""
+    at = numbers.assign(family=numbers.label.str.partition("@")[0], budget=numbers.label.str.partition("@")[2])
+    at = at[at.budget.str.isdigit()]
     out = []
     for (t, policy, task), group in at.groupby(["temperature", "policy", "task"], sort=False):
         bound = {r.budget: r.forward_mean for r in group[group.family == BOUND].itertuples()}
-        for r in group[(group.family != BOUND) & group.budget.isin(bound)].itertuples():
+        for r in group[group.family != BOUND].itertuples():
+            ceiling = bound.get(r.budget, float("nan"))
             out.append({"temperature": t, "policy": policy, "task": task, "label": r.label, "budget": int(r.budget),
-                        "forward_mean": r.forward_mean, "mean_tree_size": r.mean_tree_size, "bound": bound[r.budget],
-                        "share_of_bound": (r.forward_mean - 1) / (bound[r.budget] - 1)})
+                        "forward_mean": r.forward_mean, "mean_tree_size": r.mean_tree_size, "bound": ceiling,
+                        "share_of_bound": (r.forward_mean - 1) / (ceiling - 1)})
     return pd.DataFrame(out)
 
 
@@ -89,8 +91,9 @@ def rival_verdicts(table: pd.DataFrame) -> list[str]:
         behind = [task for task in tasks if cell[(task, free)] > cell[(task, trained)]]
         share = group.set_index("label").share_of_bound
         said = (f"T = {t:g}, {policy} decoding, {n} drafted states a verify: {display_name(trained)} saved more target "
-                f"forwards than {display_name(free)} on {len(tasks) - len(behind)} of {len(tasks)} tasks "
-                f"(of the perfect-order bound, {share[trained].mean():.0%} against {share[free].mean():.0%} on average)")
+                f"forwards than {display_name(free)} on {len(tasks) - len(behind)} of {len(tasks)} tasks")
+        if share[[trained, free]].notna().all():
+            said += f" (of the perfect-order bound, {share[trained].mean():.0%} against {share[free].mean():.0%} on average)"
         if behind:
             said += "; " + display_name(free) + " saved more on " + ", ".join(
                 f"{task.removeprefix('spot_')} ({cell[(task, free)]:.2f}× against {cell[(task, trained)]:.2f}×)" for task in behind)
@@ -102,7 +105,8 @@ def rival_table(table: pd.DataFrame) -> pd.DataFrame:
     """The display form: a row per (T, policy, method), a column per task, cells `fwd × (share of bound)`."""
     shown = table.assign(row=[f"T = {t:g}, {p}: {display_name(lab)}" for t, p, lab in zip(table.temperature, table.policy,
                                                                                        table.label, strict=True)],
-                         cell=[f"{f:.2f} ({s:.0%})" for f, s in zip(table.forward_mean, table.share_of_bound, strict=True)])
+                         cell=[f"{f:.2f}" + ("" if pd.isna(s) else f" ({s:.0%})")
+                               for f, s in zip(table.forward_mean, table.share_of_bound, strict=True)])
     order = {row: (t, p != table2.ANCHOR, table2.row_key(lab)) for row, t, p, lab in
              zip(shown.row, shown.temperature, shown.policy, shown.label, strict=True)}
     out = shown.pivot_table(index="row", columns="task", values="cell", aggfunc="first")
@@ -208,7 +212,7 @@ def write_comparison(bundle: Bundle, out_dir: str | Path, date: str | None = Non
         sections.insert(1, Section("Against the rivals and the bound",
                                    " ".join(rival_verdicts(against)) + " Cells: forwards × over draft-free (the share of the "
                                    "perfect-order bound at the same budget: (ratio − 1) / (oracle's − 1)).",
-                                   tables=(("at each budget the oracle ran at", rival_table(against)),), figures=(shown[3],)))
+                                   tables=(("at each fixed budget", rival_table(against)),), figures=(shown[3],)))
     sections.append(Section("Speed per task and method", figures=tuple(shown[:2])))
     sections.append(Section("Accepted steps per forward", figures=(shown[2],)))
     accuracy = accuracy_table(bundle)

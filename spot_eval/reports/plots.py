@@ -13,7 +13,6 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")  # files only: runs headless on servers and in CI
-import matplotlib.dates as mdates  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
@@ -178,17 +177,19 @@ def accepted_histogram(frame: pd.DataFrame, path: Path, title: str = "accepted s
 
 
 def trend_figure(series: pd.DataFrame, title: str) -> Figure:
-    """A panel per metric, a line per method over the nightlies (series: time, label, throughput_ratio, forward_ratio)."""
+    """A panel per metric, a line per method over the nightlies (series: time, label, throughput_ratio, forward_ratio).
+    The nightlies sit at even steps, each named by when it ran: nights a day apart and reruns a minute apart alike."""
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    nights = sorted(series.time.unique())
+    where = {t: i for i, t in enumerate(nights)}
     for ax, column, ylabel in zip(axes, ("throughput_ratio", "forward_ratio"),
                                   ("throughput × over draft-free", "forwards × over draft-free"), strict=True):
         for label, rows in sorted(series.groupby("label"), key=lambda g: row_key(g[0])):
             rows = rows.sort_values("time")
-            ax.plot(rows.time, rows[column], marker="o", color=style(label)["color"],
+            ax.plot(rows.time.map(where), rows[column], marker="o", color=style(label)["color"],
                     ls="--" if style(label)["hatch"] else "-", label=display_name(label))
-        locator = mdates.AutoDateLocator(maxticks=6)
-        ax.xaxis.set_major_locator(locator)
-        ax.xaxis.set_major_formatter(mdates.ConciseDateFormatter(locator))
+        shown = range(0, len(nights), max(1, -(-len(nights) // 6)))  # at most six names
+        ax.set_xticks(list(shown), [pd.Timestamp(nights[i]).strftime("%m-%d %H:%M") for i in shown], fontsize=7)
         ax.set_ylabel(ylabel)
         ax.set_xlabel("nightly")
         ax.set_title(ylabel.split(" ×")[0] + " (mean over tasks and temperatures)", fontsize=9)
