@@ -726,6 +726,7 @@ def test_bf16_ties_decode_as_the_references_do_in_the_models_dtype(name, alg, se
                               mask_in_softmax=True, stop_at_eos=False, confidence_dtype="model",
                               sampling=Sampling(top_k=DREAM_TOP_K))
         expected = dream_generate(model, prompt, gen, steps, alg, DREAM_TOP_K)
+    assert target.logits_dtype == torch.bfloat16  # what confidence_dtype=model computes in
     got = generate(target, prompt, config, record=True, record_margins=True)
     assert list(got.token_ids) == expected
     in_f64 = generate(target, prompt, replace(config, confidence_dtype="float64"), record=True)
