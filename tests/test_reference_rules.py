@@ -496,11 +496,12 @@ def test_llada_decodes_as_fast_dllms_dual_cache_generator():
         assert list(generate(target, prompt, config).token_ids) == fast_dllm_llada(model, prompt, 24, 8, 0.2), len(prompt)
 
 
-@pytest.mark.parametrize("confidence_dtype", CONFIDENCE_DTYPES)
+@pytest.mark.parametrize(("dtype", "confidence_dtype"), [(torch.float32, "float64"), (torch.float32, "model"),
+                                                        (torch.bfloat16, "model")], ids=["fp32", "fp32-model", "bf16-model"])
 @pytest.mark.parametrize("alg", ["confidence_threshold", "entropy"])
-def test_dream_decodes_as_fast_dllms_generator(alg, confidence_dtype):
+def test_dream_decodes_as_fast_dllms_generator(alg, dtype, confidence_dtype):
     build, _, shift = TARGETS["dream"]
-    model = build(seed=9)
+    model = build(seed=9, dtype=dtype)
     for prompt in (list(range(1, 12)), list(range(2, 7))):
         target = DualCacheTarget(model, MASK, frozenset({EOS}), 8, cache="prefix", shift=shift)
         policy = dict(policy="threshold", threshold=0.3) if alg == "confidence_threshold" else dict(policy="timestep", steps=4)
