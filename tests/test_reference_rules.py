@@ -1,7 +1,8 @@
 """The reference generators' decoding rules (LLaDA's generate.py, Dream's diffusion_generate, Fast-dLLM): each
 confidence rule with literal inputs, writing every block to gen_length, blocks from the prompt's end on the
-dual-cache targets; and every rule lossless under every drafter (SPOT, Spiffy, SPOT-Sets' stale sets, random,
-adversarial, oracle), at both temperatures, in fp32 and bf16, on both kinds of target."""
+dual-cache targets, Fast-dLLM's capped threshold step for step, each generator's decodes in fp32 and, with the
+confidences in the model's dtype, in bf16; and every rule lossless under every drafter (SPOT, Spiffy, SPOT-Sets'
+stale sets, random, adversarial, oracle), at both temperatures, in fp32 and bf16, on both kinds of target."""
 
 from __future__ import annotations
 
