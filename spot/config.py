@@ -16,11 +16,14 @@ import torch
 POLICIES = ("single", "threshold", "static", "dynamic", "timestep")
 SCHEDULED = ("static", "dynamic")  # the policies that follow SDAR's per-step commit counts (`steps`)
 STEPPED = (*SCHEDULED, "timestep")  # the policies that take `steps`
-RULE_FIELDS = ("confidence", "mask_in_softmax", "first_token_commit", "alg_temp")
-DEFAULT_RULE = {"confidence": "probability", "mask_in_softmax": False, "first_token_commit": False, "alg_temp": 0.0}
 DREAM_EPS = 1e-3  # the last timestep of Dream's schedule, linspace(1, eps, steps + 1) (its generation_config default)
+# The reference-rule options and their defaults: what a drafter trained under the defaults has not seen.
+DEFAULT_RULE = {"confidence": "probability", "mask_in_softmax": False, "first_token_commit": False, "alg_temp": 0.0,
+                "capped": False, "confidence_dtype": "float64", "eps": DREAM_EPS}
+RULE_FIELDS = tuple(DEFAULT_RULE)
 ACCEPTANCES = ("exact", "max_commit")  # how the walk follows the target down a draft tree (spot.acceptance)
 CONFIDENCES = ("probability", "margin", "entropy", "random")  # what ranks the masked positions (spot.policy.confidence_of)
+CONFIDENCE_DTYPES = ("float64", "model")  # what the confidences are computed and ranked in (spot.policy.propose)
 SEED_LIMIT = 2**32  # the noise key mixes the seed as one 32-bit word (spot.noise): larger seeds would alias
 
 
@@ -100,8 +103,8 @@ class DecodeConfig:
         in float32, and the last step all of them; a step may commit none (its forward then serves the
         next step too). With confidence "random" it is Dream's `origin`: each masked position is revealed
         with probability 1 - s/t. One block of gen_length is Dream's whole-sequence decoding.
-    steps: denoising steps per block for static, dynamic and timestep (SDAR's `denoising_steps`, Dream's
-        `steps`; None: the block length, one commit per step for static and dynamic).
+    steps: denoising steps per block for static, dynamic, timestep and capped threshold (SDAR's
+        `denoising_steps`, Dream's `steps`; None: the block length, one commit per step for static and dynamic).
     mask_in_softmax: the confidence's softmax (and top-k / top-p) also counts the mask token, as SDAR's, LLaDA's
         and Dream's generators compute it; False (the default) leaves it out. The mask is never drawn.
     first_token_commit: step 0 of every block commits only the block's first generated position, with the
@@ -132,13 +135,27 @@ class DecodeConfig:
         topk_margin), "entropy" the negative entropy of the position's distribution (Dream's entropy),
         "random" a uniform draw per position from the counter-keyed noise (LLaDA's and Dream's random
         orders; lossless, since every node of a tree is scored with the same draw).
+    capped: threshold only, Fast-dLLM's full-canvas Dream `confidence_threshold`: a step commits the most
+        confident masked position and every other one at >= `threshold`, but only among its `cap(step, masked)`
+        most confident: block_length / steps a step (needs `steps`), plus the part of their caps the steps
+        before left unused (positions under the threshold); positions over it that do not fit wait for the
+        next step. From the last of the `steps` steps on the cap is every masked position, and steps are
+        added while any is left (the reference adds a step whenever its last one leaves any).
+    confidence_dtype: what the confidences are computed, ranked and compared with the threshold in:
+        "float64" (the default: no rounding beyond the logits', so two positions tie only where their logits
+        make them equal) or "model", the model's own dtype, as LLaDA's generate.py, Dream's sample_tokens and
+        SDAR's generator compute them: in bf16 many confidences then tie exactly (ties go to the leftmost
+        position; the references' torch.topk leaves their order unspecified) and the threshold is met as the
+        dtype rounds it (0.9 as 0.8984375 in bf16). Lossless either way (verification applies the same rule).
+    eps: timestep only, the last timestep of Dream's schedule linspace(1, eps, steps + 1) (Dream's `eps`).
     """
 
     policy: str = setting("single", "the draft-free decoder every method reproduces: single | threshold (Fast-dLLM) | "
                           "static | dynamic (SDAR's low_confidence_static / _dynamic) | timestep (Dream's schedule)",
                           option="unmasking", choices=POLICIES, aliases=("policy",))
     threshold: float = setting(0.9, "the confidence threshold tau of threshold and dynamic")
-    steps: int | None = setting(None, "denoising steps per block, for static and dynamic (SDAR's) and timestep (Dream's)",
+    steps: int | None = setting(None, "denoising steps per block, for static and dynamic (SDAR's), timestep (Dream's) and "
+                                      "threshold with capped (Fast-dLLM's Dream)",
                                 unset="the block length")
     block_length: int = setting(32, "positions per block (K)", unset="the checkpoint's block_size")
     gen_length: int = setting(256, "the most new tokens to decode")
@@ -160,6 +177,13 @@ class DecodeConfig:
                                               "forward (Fast-dLLM's Dream)")
     alg_temp: float = setting(0.0, "timestep: draw the positions to commit from softmax(confidence / alg_temp) (Dream's "
                                    "alg_temp; 0: the most confident)")
+    capped: bool = setting(False, "threshold: at most block_length / steps positions a step, plus what the steps before "
+                                  "left unused; steps added while any is left (Fast-dLLM's full-canvas Dream "
+                                  "confidence_threshold; needs steps)")
+    confidence_dtype: str = setting("float64", "what the confidences are computed and ranked in: float64 | model (the "
+                                               "model's dtype, as LLaDA's generate.py, Dream and SDAR compute them: "
+                                               "exact bf16 ties, to the leftmost position)", choices=CONFIDENCE_DTYPES)
+    eps: float = setting(DREAM_EPS, "timestep: the last timestep of Dream's schedule linspace(1, eps, steps + 1) (Dream's eps)")
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -172,11 +196,13 @@ class DecodeConfig:
                              f"which the {self.policy!r} policy has no use of; use policy 'threshold' (the harness's unmasking=threshold, "
                              "--unmasking threshold) or acceptance 'exact' (method sets in place of sets_max)")
         _finite("threshold", self.threshold)
-        for name in ("cross_block", "stop_at_eos", "mask_in_softmax", "first_token_commit"):
+        for name in ("cross_block", "stop_at_eos", "mask_in_softmax", "first_token_commit", "capped"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if self.confidence not in CONFIDENCES:
             raise ValueError(f"unknown confidence {self.confidence!r}; choose one of {', '.join(CONFIDENCES)}")
+        if self.confidence_dtype not in CONFIDENCE_DTYPES:
+            raise ValueError(f"unknown confidence_dtype {self.confidence_dtype!r}; choose one of {', '.join(CONFIDENCE_DTYPES)}")
         for name in ("block_length", "gen_length", "seed", "budget"):
             _whole(name, getattr(self, name))
         if not 0.0 < self.threshold <= 1.0:
@@ -189,12 +215,27 @@ class DecodeConfig:
             raise ValueError(f"budget must be >= 0 (0 = draft-free decoding), got {self.budget}")
         if not 0 <= self.seed < SEED_LIMIT:
             raise ValueError(f"seed must be in [0, 2**32), got {self.seed}: the noise key holds 32 bits of it")
+        if self.capped and self.policy != "threshold":
+            raise ValueError(f"capped caps the threshold policy's steps (Fast-dLLM's Dream confidence_threshold), not "
+                             f"policy {self.policy!r}; use unmasking=threshold or drop capped")
+        if self.capped and self.steps is None:
+            raise ValueError("capped needs steps: a step commits at most block_length / steps positions (Fast-dLLM's "
+                             "n_masked / steps); set steps")
+        if self.capped and self.acceptance == "max_commit":
+            raise ValueError("acceptance max_commit may accept more positions over the threshold than capped lets a step "
+                             "commit; use acceptance exact (method sets in place of sets_max) or drop capped")
         if self.steps is not None:
             _whole("steps", self.steps)
-            if self.policy not in STEPPED:
-                raise ValueError(f"steps applies to the {', '.join(STEPPED)} policies, not {self.policy!r}; drop steps")
+            if self.policy not in STEPPED and not self.capped:
+                raise ValueError(f"steps applies to the {', '.join(STEPPED)} policies and to threshold with capped, not "
+                                 f"{self.policy!r}; drop steps")
             if not 1 <= self.steps <= self.block_length:
                 raise ValueError(f"steps must be in [1, block_length = {self.block_length}], got {self.steps}")
+        _finite("eps", self.eps)
+        if not 0 <= self.eps < 1:
+            raise ValueError(f"eps must be in [0, 1) (Dream's last timestep; its default {DREAM_EPS}), got {self.eps}")
+        if self.eps != DREAM_EPS and self.policy != "timestep":
+            raise ValueError(f"eps sets the timestep policy's schedule (Dream's), not policy {self.policy!r}'s; drop eps")
         _finite("alg_temp", self.alg_temp)
         if self.alg_temp < 0:
             raise ValueError(f"alg_temp must be >= 0 (0 = the most confident positions), got {self.alg_temp}")
@@ -227,22 +268,42 @@ class DecodeConfig:
             return masked if fraction is None else int(torch.tensor(masked, dtype=torch.float32) * fraction)
         if self.policy not in SCHEDULED:
             return 1
+        return self._share(step)
+
+    def _share(self, step: int) -> int:
+        """Step `step`'s share of the block in SDAR's get_num_transfer_tokens split into `steps` steps."""
         steps = self.steps or self.block_length
         base, remainder = divmod(self.block_length, steps)
         return base + (min(step, steps - 1) < remainder)
 
+    def cap(self, step: int, masked: int) -> int | None:
+        """How many of the most confident masked positions step `step` of a block considers under `capped` (None
+        without it), `masked` of them left; of those it commits the first and every other at >= threshold.
+
+        Fast-dLLM's Dream gives a step n / steps plus the part of their caps the steps before did not commit
+        (its `left_tokens_last_step`). Committed plus unused is then always the shares of the steps so far, so
+        the cap is `masked` minus the shares of the steps after this one: every masked position from the last
+        step on, where the reference adds a step (of cap: those left) while any is left. Shares are of the block
+        length, SDAR's split as `static` uses (Fast-dLLM requires n divisible by steps); a block that starts
+        with fewer masks (a partial prompt block) gets 1 a step until the schedule catches up: at least the most
+        confident position, which the reference always commits."""
+        if not self.capped:
+            return None
+        later = sum(self._share(j) for j in range(step + 1, self.steps))  # [] from the last step on
+        return max(masked - later, 1)
+
     def transfer_fraction(self, step: int) -> torch.Tensor | None:
         """Dream's 1 - s/t at step `step` (a float32 scalar), None at the last step (and after it), which
         commits every masked position: t = timesteps[step], s = timesteps[step + 1] of
-        linspace(1, DREAM_EPS, steps + 1) in float32, as Dream computes them."""
+        linspace(1, eps, steps + 1) in float32, as Dream computes them."""
         steps = self.steps or self.block_length
         if step >= steps - 1:
             return None
-        timesteps = _dream_timesteps(steps)
+        timesteps = _dream_timesteps(steps, self.eps)
         return 1 - timesteps[step + 1] / timesteps[step]
 
 
 @functools.cache
-def _dream_timesteps(steps: int) -> torch.Tensor:
-    """linspace(1, DREAM_EPS, steps + 1) in float32, as Dream's; made once per step count (every step reads it)."""
-    return torch.linspace(1, DREAM_EPS, steps + 1)
+def _dream_timesteps(steps: int, eps: float) -> torch.Tensor:
+    """linspace(1, eps, steps + 1) in float32, as Dream's; made once per schedule (every step reads it)."""
+    return torch.linspace(1, eps, steps + 1)

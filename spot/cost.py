@@ -95,12 +95,13 @@ def measure_drafter(drafter: Drafter, target: Target, config: DecodeConfig, mode
             return None
         return gumbel(step_key(config.seed, 0, 1, step), k, target.vocab_size, target.device)
 
-    ctx = DraftContext(state, stale, root, stale, config, target.mask_id, 0, 1, 1, config.budget, noise, mode)
+    ctx = DraftContext(state, stale, root, stale, config, target.mask_id, 0, 1, 1, config.budget, noise, mode,
+                       model_dtype=target.logits_dtype)
     drafter.draft(ctx)  # warm-up
     times = []
     for _ in range(repeats):
         logits = target.verify(state[None], k)  # what precedes a draft in decoding: a forward and a step
-        decide(state, logits[0], noise(1), config, target.mask_id, 1)
+        decide(state, logits[0], noise(1), config, target.mask_id, 1, model_dtype=target.logits_dtype)
         t = time.perf_counter()
         drafter.draft(ctx)
         times.append(time.perf_counter() - t)

@@ -323,7 +323,8 @@ def _draft(run: _Run, block: _Block) -> Generator[_Draft, _Drafted, _Drafted]:
     if budget <= 0:
         return _Drafted(DraftTree.root_only(block.state), 0.0)
     ctx = DraftContext(block.state, block.stale, block.stale_state, block.prior, run.config, run.target.mask_id, run.request,
-                       block.index, block.step, budget, block.rule.noise, block.plan.mode, block.stale_hidden)
+                       block.index, block.step, budget, block.rule.noise, block.plan.mode, block.stale_hidden,
+                       run.target.logits_dtype)
     drafted = yield _Draft(run.drafter, ctx)
     tree = drafted.tree
     if tree.size > budget or not torch.equal(tree.states[0].cpu(), block.state.cpu()):
@@ -493,7 +494,8 @@ class _Block:
         state[: max(n_prompt - start, 0)] = canvas.prompt[start:n_prompt]  # a partial prompt block is never masked
         noise = (block_noise(config.seed, run.request, index, target.block_length, target.vocab_size, target.device)
                  if config.noisy else _silent)
-        rule = StepRule(config, target.mask_id, noise, keep.margins, where=f"request {run.request}, block {index}, ")
+        rule = StepRule(config, target.mask_id, noise, keep.margins, where=f"request {run.request}, block {index}, ",
+                        model_dtype=target.logits_dtype)
         plan = Plan(None, config.budget) if run.sizing is None else run.sizing.plan(start, config.budget)
         following = (torch.full((k,), target.mask_id, dtype=torch.long)
                      if config.cross_block and index + 1 < canvas.blocks else None)

@@ -19,13 +19,17 @@ import torch
 
 from spot.config import DecodeConfig, Sampling
 
+DREAM_ENTROPY_EPS = 1e-10  # Dream's sample_tokens: log(p + 1e-10), so that a filtered-out token's 0 * log 0 is 0
+
 
 @dataclass(frozen=True)
 class Proposal:
     """What the target would write at every position of a state, and how sure it is.
 
     tokens: [K] int64, the sampled (or argmax) token per position.
-    confidence: [K] float64, its probability under the filtered, temperature-scaled distribution.
+    confidence: [K] its confidence (`confidence_of`): float64, or with confidence_dtype "model" the model's dtype
+        (the probability and margin rules; the entropy rule is float64 in the order of the model dtype's values,
+        the random rule always float64).
     token_margin: [K] float64, the token's lead over the runner-up in the ranking score, in logit
         units (logits + T * noise, or logits at T = 0); inf where one token survives the filters.
         Computed only on request (`propose(..., margins=True)`); None otherwise.
@@ -40,9 +44,9 @@ def filtered_logits(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
     """Temperature, then top-k, then top-p (SDAR's order); the top token always survives.
 
     Args:
-        logits: [K, V] float64, with disallowed tokens already at -inf.
+        logits: [K, V] float64 (or the model's dtype), with disallowed tokens already at -inf.
     Returns:
-        [K, V] float64 log-weights; removed tokens are -inf.
+        [K, V] log-weights in the same dtype; removed tokens are -inf.
     """
     z = logits / sampling.temperature if sampling.temperature > 0 else logits
     if 0 < sampling.top_k < z.shape[-1]:
@@ -67,19 +71,26 @@ def propose(
     margins: bool = False,
     confidence: str = "probability",
     mask_in_softmax: bool = False,
+    dtype: torch.dtype = torch.float64,
 ) -> Proposal:
     """The token and confidence at every position of one state.
 
     Args:
-        logits: [K, V] target logits for the state (any float dtype; computed in float64).
+        logits: [K, V] target logits for the state (any float dtype).
         gumbel: [K, V] float64 noise of this step; None at temperature 0 unless the confidence is "random".
         mask_id: never sampled, so a committed position can never look masked.
         margins: also return each token's lead over the runner-up (`Proposal.token_margin`).
         confidence: the rule that ranks positions (DecodeConfig.confidence; `confidence_of`).
         mask_in_softmax: the mask token keeps its share of the softmax (and of top-k / top-p), as SDAR, LLaDA
             and Dream compute confidences; it is never drawn either way.
+        dtype: what the filters and the softmax compute in: float64, or the model's dtype, op for op as the
+            references do (DecodeConfig.confidence_dtype "model"; the float32 logits a target hands over came
+            from that dtype, so they convert back exactly). At T = 0 the token is the same either way (the
+            argmax of the same values); at T > 0 the draw adds the float64 noise to the filtered logits.
     """
-    z = logits.to(torch.float64)
+    # A copy in the working dtype: the mask's column is overwritten below, and `to` returns the caller's
+    # tensor itself when the dtype already matches.
+    z = logits.to(dtype, copy=True)
     if not mask_in_softmax:
         z[:, mask_id] = float("-inf")
     z = filtered_logits(z, sampling)
@@ -91,6 +102,7 @@ def propose(
     conf = confidence_of(confidence, probs, tokens, gumbel, mask_id)
     if not margins:
         return Proposal(tokens=tokens, confidence=conf)
+    score = score.to(torch.float64)  # the lead in float64 whatever the confidences are ranked in
     best = score.gather(-1, tokens[:, None])[:, 0]  # [K]
     runner_up = score.scatter(-1, tokens[:, None], float("-inf")).max(dim=-1).values  # [K]
     scale = sampling.temperature if sampling.temperature > 0 else 1.0  # score units are logits / T
@@ -98,14 +110,18 @@ def propose(
 
 
 def confidence_of(rule: str, probs: torch.Tensor, tokens: torch.Tensor, gumbel: torch.Tensor | None, mask_id: int) -> torch.Tensor:
-    """[K] float64 in [0, 1], higher commits first, from probs [K, V] (filtered, temperature-scaled, the mask token
-    at 0) and the drawn tokens [K]:
+    """[K] in [0, 1], higher commits first, from probs [K, V] (filtered, temperature-scaled, the mask token at 0;
+    float64, or the model's dtype under confidence_dtype "model") and the drawn tokens [K]:
 
         probability  p(drawn token): LLaDA's low_confidence, SDAR's and Dream's maskgit_plus
         margin       p(top-1) - p(top-2): Dream's topk_margin
-        entropy      exp(sum p log p) = exp(-H), the order of Dream's negative entropy, kept in (0, 1]
+        entropy      exp(sum p log p) = exp(-H), the order of Dream's negative entropy, kept in (0, 1]; in a
+                     model dtype the negative entropy is Dream's own, sum p log(p + 1e-10) in that dtype, and
+                     only its exp is taken in float64 (exp in bf16 would merge values Dream ranks apart)
         random       the uniform behind the step's noise at the mask token, an entry no draw uses: one
                      counter-keyed draw per position, so that every tree node of a step sees the same order
+
+    probability and margin come in the dtype of `probs`; entropy and random in float64.
     """
     if rule == "probability":
         return probs.gather(-1, tokens[:, None])[:, 0]
@@ -113,6 +129,8 @@ def confidence_of(rule: str, probs: torch.Tensor, tokens: torch.Tensor, gumbel: 
         top = torch.topk(probs, min(2, probs.shape[-1]), dim=-1).values  # [K, 2]
         return top[:, 0] - top[:, 1] if top.shape[-1] > 1 else top[:, 0]
     if rule == "entropy":
+        if probs.dtype != torch.float64:  # the model's dtype: Dream's sample_tokens(neg_entropy=True), op for op
+            return torch.exp((probs * torch.log(probs + DREAM_ENTROPY_EPS)).sum(dim=-1).to(torch.float64))
         return torch.exp(torch.special.xlogy(probs, probs).sum(dim=-1))
     if rule == "random":
         if gumbel is None:
@@ -132,7 +150,7 @@ def select(masked: torch.Tensor, confidence: torch.Tensor, config: DecodeConfig,
 
     Args:
         masked: [K] bool, True where the state still holds the mask token (at least one).
-        confidence: [K] float64.
+        confidence: [K] float64, or the model's dtype (DecodeConfig.confidence_dtype), the threshold met in it.
     Returns:
         [K] bool, the positions to commit (always >= 1, always a subset of `masked`).
     """
@@ -143,10 +161,15 @@ def select(masked: torch.Tensor, confidence: torch.Tensor, config: DecodeConfig,
     if config.policy == "timestep" and config.confidence == "random":  # Dream's origin: each revealed with p = 1 - s/t
         fraction = config.transfer_fraction(step)
         return masked.clone() if fraction is None else masked & (confidence < float(fraction))
-    chosen = torch.zeros_like(masked)
-    chosen[ranked(masked, confidence)[: config.commit_count(step, int(masked.sum()))]] = True
+    chosen, order = torch.zeros_like(masked), ranked(masked, confidence)
+    chosen[order[: config.commit_count(step, len(order))]] = True
     if config.policy == "threshold":
-        chosen |= masked & (confidence >= config.threshold)
+        # In a model dtype `>=` rounds tau to it, as the references compare (0.9 is 0.8984375 in bf16).
+        clears = masked & (confidence >= config.threshold)
+        cap = config.cap(step, len(order))
+        if cap is not None:  # Fast-dLLM's Dream: only the `cap` most confident may commit; the rest wait
+            clears[order[cap:]] = False
+        chosen |= clears
     elif config.policy == "dynamic":
         confident = masked & (confidence > config.threshold)  # strictly, as SDAR writes it
         if int(confident.sum()) >= config.commit_count(step):
@@ -183,12 +206,17 @@ def decide(
     mask_id: int,
     step: int = 0,
     margins: bool = False,
+    model_dtype: torch.dtype | None = None,
 ) -> tuple[torch.Tensor, Proposal]:
-    """`next_state`, and the proposal it was decided on (with token margins on request)."""
-    proposal = propose(logits, gumbel, config.sampling, mask_id, margins, config.confidence, config.mask_in_softmax)
+    """`next_state`, and the proposal it was decided on (with token margins on request).
+
+    model_dtype: the dtype the target computes its logits in (Target.logits_dtype), which confidence_dtype
+    "model" computes the confidences in; None: the logits' own."""
+    dtype = torch.float64 if config.confidence_dtype == "float64" else model_dtype or logits.dtype
+    proposal = propose(logits, gumbel, config.sampling, mask_id, margins, config.confidence, config.mask_in_softmax, dtype)
     rank_by = proposal.confidence
     if config.alg_temp > 0:  # Dream's alg_temp: sampling positions from softmax(confidence / alg_temp) is Gumbel-top-k
-        rank_by = proposal.confidence / config.alg_temp + gumbel[:, mask_id].to(rank_by.device)
+        rank_by = proposal.confidence.to(torch.float64) / config.alg_temp + gumbel[:, mask_id].to(rank_by.device)
     chosen = select(state == mask_id, rank_by, config, step)
     return torch.where(chosen, proposal.tokens, state), proposal
 
@@ -225,9 +253,11 @@ class Margins:
         (with token margins)."""
         masked = before == mask_id
         committed = masked & (after != mask_id)
-        log_c = proposal.confidence.to(before.device).log()  # [K]
+        log_c = proposal.confidence.to(before.device, torch.float64).log()  # [K]
         order = ranked(masked, log_c)  # [M]
-        k = max(config.commit_count(step, int(masked.sum())), 1)  # a timestep step may commit none
+        k = max(config.commit_count(step, len(order)), 1)  # a timestep step may commit none
+        if config.cap(step, len(order)) == int(committed.sum()):  # the cap may have bound: the ranking at it decided
+            k = int(committed.sum())
         position = float(log_c[order[k - 1]] - log_c[order[k]]) if len(order) > k else None
         threshold = None
         if config.policy in ("threshold", "dynamic"):
@@ -235,7 +265,8 @@ class Margins:
             if config.policy == "threshold":
                 tested[order[0]] = False  # committed whatever its confidence
             if bool(tested.any()):
-                threshold = float((log_c[tested] - math.log(config.threshold)).abs().min())
+                tau = threshold_as_met(config.threshold, proposal.confidence.dtype)
+                threshold = float((log_c[tested] - math.log(tau)).abs().min())
         decides_token = masked if config.sampling.temperature > 0 else committed
         return cls(position, threshold, float(proposal.token_margin.to(before.device)[decides_token].min()))
 
@@ -249,6 +280,12 @@ class Margins:
         bound = self.bounds(delta, temperature)
         pairs = [(self.position, bound.position), (self.threshold, bound.threshold), (self.token, bound.token)]
         return any(margin is not None and margin <= limit for margin, limit in pairs)
+
+
+def threshold_as_met(threshold: float, dtype: torch.dtype) -> float:
+    """tau as confidences of `dtype` are compared with it: rounded to that dtype, as torch compares a tensor with a
+    Python number (0.9 meets a bf16 confidence as 0.8984375, in `select` as in the references)."""
+    return float(torch.tensor(threshold, dtype=dtype))
 
 
 def topk_logprobs(logits: torch.Tensor, k: int, mask_id: int) -> tuple[torch.Tensor, torch.Tensor]:

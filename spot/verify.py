@@ -52,6 +52,7 @@ class StepRule:
     noise: s -> the coupled noise of step s ([K, V] float64), or None where the config reads none.
     margins: keep each step's token margins in its proposal (spot.policy.Margins).
     where: names the request and block in an error ("request 3, block 0, ").
+    model_dtype: the target's logits dtype (Target.logits_dtype), what confidence_dtype "model" computes in.
     """
 
     config: DecodeConfig
@@ -59,11 +60,12 @@ class StepRule:
     noise: Callable[[int], torch.Tensor | None]
     margins: bool = False
     where: str = ""
+    model_dtype: torch.dtype | None = None
 
     def __call__(self, state: torch.Tensor, logits: torch.Tensor, step: int) -> tuple[torch.Tensor, Proposal]:
         """(the own state [K] on the CPU, the proposal it was decided on) from `state` [K] and its `logits` [K, V]."""
         own, proposal = decide(state.to(logits.device), logits, self.noise(step), self.config, self.mask_id, step,
-                               margins=self.margins)
+                               margins=self.margins, model_dtype=self.model_dtype)
         own = own.cpu()
         # Every policy commits >= 1 position unless its inputs are broken, but a timestep step may commit none.
         if torch.equal(own, state.cpu()) and self.config.policy != "timestep":

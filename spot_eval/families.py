@@ -173,7 +173,8 @@ def build_drafter(name: str, b: Build, rule: dict | None = None) -> Drafter:
     f = BY_NAME[name]
     if rule and f.learned:
         warnings.warn(f"{name}@{'auto' if b.auto else b.budget}: its drafter was trained on trajectories of the default "
-                      "decoding rule (probability confidence, the mask out of the softmax, no first-token commit); this run "
+                      "decoding rule (probability confidence in float64, the mask out of the softmax, no first-token commit, no "
+                      "cap); this run "
                       f"decodes under {', '.join(f'{k}={v}' for k, v in rule.items())}. The output is still exactly the "
                       "draft-free decoder's; fewer drafts may be accepted.", UserWarning, stacklevel=3)
     return f.build(b)

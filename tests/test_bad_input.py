@@ -154,6 +154,11 @@ LM_CASES = [
     ({"alg_temp": -1}, "alg_temp must be >= 0 (0 = the most confident positions), got -1"),
     ({"alg_temp": 0.5}, "alg_temp applies to the timestep policy with a confidence other than random"),
     ({"unmasking": "timestep", "steps": 0}, "steps must be in [1, block_length = 32], got 0"),
+    ({"unmasking": "threshold", "capped": "true"}, "capped needs steps: a step commits at most block_length / steps"),
+    ({"capped": "true", "steps": 4}, "capped caps the threshold policy's steps (Fast-dLLM's Dream confidence_threshold), "
+                                     "not policy 'single'"),
+    ({"confidence_dtype": "bf16"}, "unknown confidence_dtype 'bf16'; choose one of float64, model"),
+    ({"eps": 0.5}, "eps sets the timestep policy's schedule (Dream's), not policy 'single''s; drop eps"),
     ({"seed": 4294967296}, "seed must be in [0, 2**32), got 4294967296"),
     ({"device": "foo"}, "device='foo' is not a device; use auto, cpu, cuda or cuda:N"),
     ({"device": "cuda:7"}, "device='cuda:7' but "),  # no CUDA here, or fewer than 8 devices

@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from spot import DecodeConfig, Sampling, generate
-from spot.config import CONFIDENCES, POLICIES, STEPPED
+from spot.config import CONFIDENCE_DTYPES, CONFIDENCES, DREAM_EPS, POLICIES, STEPPED
 from spot.drafters import AdversarialDrafter, OracleDrafter, RandomDrafter
 from spot.drafters.freedave import FreeDaveDrafter
 from spot.drafters.order_model import OrderModel
@@ -157,6 +157,28 @@ def test_sdar_schedules_are_lossless_with_every_drafter_and_budget(policy, steps
     assert oracle.stats.forwards < reference.stats.forwards
 
 
+@pytest.mark.parametrize("steps", [2, 4])
+@pytest.mark.parametrize(("dtype", "confidence_dtype"), [(torch.float32, "float64"), (torch.bfloat16, "model")], ids=["fp32", "bf16-model"])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_the_capped_threshold_is_lossless_with_every_drafter_and_budget(steps, dtype, confidence_dtype, temperature):
+    """Fast-dLLM's full-canvas Dream rule (at most block_length / steps a step, the unused cap carried, steps added
+    at the end), with confidences in float64 and in bf16 as the model computes them: the drafters propose
+    commits the cap may refuse, and only verification decides. The EOS is made unlikely so blocks run to the end."""
+    config = DecodeConfig(policy="threshold", threshold=0.3, capped=True, steps=steps, block_length=16, gen_length=40,
+                          sampling=Sampling(temperature=temperature), seed=steps, confidence_dtype=confidence_dtype)
+    target = tiny_target(16, seed=steps + int(temperature), eos_ids=frozenset(), dtype=dtype, exact=dtype == torch.bfloat16)
+    prompt = prompt_ids(steps, 21)
+    reference = generate(target, prompt, config, record=True)
+    uncapped = generate(target, prompt, replace(config, capped=False, steps=None))
+    assert reference.token_ids != uncapped.token_ids or reference.stats.steps > uncapped.stats.steps  # the cap binds
+    for i, drafter in enumerate(drafters(reference)):
+        budget = [*BUDGETS, AUTO][(i + steps + int(temperature)) % (len(BUDGETS) + 1)]
+        got = run(target, prompt, replace(config, cross_block=i % 2 == 1), drafter, budget, steps)
+        assert got.token_ids == reference.token_ids, (drafter.name, budget)
+    oracle = generate(target, prompt, with_budget(config, 8), drafter=OracleDrafter(reference.trajectory))
+    assert oracle.token_ids == reference.token_ids and oracle.stats.forwards < reference.stats.forwards
+
+
 @settings(max_examples=18, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     seed=st.integers(0, 10_000),
@@ -168,15 +190,21 @@ def test_sdar_schedules_are_lossless_with_every_drafter_and_budget(policy, steps
     numerics=st.sampled_from(NUMERICS),
     cross_block=st.booleans(),
     rule=st.fixed_dictionaries({"confidence": st.sampled_from(CONFIDENCES), "stop_at_eos": st.booleans(),
-                                "mask_in_softmax": st.booleans(), "first_token_commit": st.booleans()}),
+                                "mask_in_softmax": st.booleans(), "first_token_commit": st.booleans(),
+                                "confidence_dtype": st.sampled_from(CONFIDENCE_DTYPES)}),
+    capped=st.booleans(),
+    eps=st.sampled_from([DREAM_EPS, 0.0, 0.3]),
 )
 def test_random_prompts_and_lengths_are_lossless(seed, prompt_length, gen_length, temperature, policy, budget, numerics, cross_block,
-                                                 rule):
+                                                 rule, capped, eps):
+    """Any policy and reference rule; `capped` applies to threshold and `eps` to timestep (else left unset)."""
     dtype, exact = numerics
     target = tiny_target(16, seed=seed % 3, dtype=dtype, exact=exact)
-    steps = (4, 8, 16)[seed % 3] if policy in STEPPED else None
+    capped = capped and policy == "threshold"
+    steps = (4, 8, 16)[seed % 3] if policy in STEPPED or capped else None
     config = DecodeConfig(policy=policy, threshold=0.5, steps=steps, block_length=16, gen_length=gen_length,
-                          sampling=Sampling(temperature=temperature), seed=seed, **rule)
+                          sampling=Sampling(temperature=temperature), seed=seed, capped=capped,
+                          eps=eps if policy == "timestep" else DREAM_EPS, **rule)
     prompt = prompt_ids(seed, prompt_length)
     reference = generate(target, prompt, config, record=True)
     assert len(reference.token_ids) <= gen_length

@@ -136,6 +136,14 @@ def test_pieces_score_bit_for_bit_as_one_piece_forwards_in_the_exact_layout(dtyp
                 assert torch.equal(target.verify(states[r : r + 1], 32)[0], together[r]), (riding, pieces, r)
 
 
+def test_the_logits_dtype_is_the_models_without_an_output_embedding_accessor():
+    """confidence_dtype=model computes in Target.logits_dtype; LLaDA2.0's head is a plain `lm_head` attribute, which
+    transformers' get_output_embeddings does not find, so the target reads the model's parameters' dtype."""
+    model = tiny_llada2(seed=1, dtype=torch.bfloat16)
+    assert model.get_output_embeddings() is None
+    assert BlockCausalTarget(model, MASK, frozenset({EOS}), 16).logits_dtype == torch.bfloat16
+
+
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_every_drafter_is_lossless_under_llada2s_commit_rule(temperature):
     """LLaDA2.0's generate: commit every masked position whose confidence is above the threshold when

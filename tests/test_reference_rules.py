@@ -1,7 +1,8 @@
 """The reference generators' decoding rules (LLaDA's generate.py, Dream's diffusion_generate, Fast-dLLM): each
 confidence rule with literal inputs, writing every block to gen_length, blocks from the prompt's end on the
-dual-cache targets; and every rule lossless under every drafter (SPOT, Spiffy, SPOT-Sets' stale sets, random,
-adversarial, oracle), at both temperatures, in fp32 and bf16, on both kinds of target."""
+dual-cache targets, Fast-dLLM's capped threshold step for step, each generator's decodes in fp32 and, with the
+confidences in the model's dtype, in bf16; and every rule lossless under every drafter (SPOT, Spiffy, SPOT-Sets'
+stale sets, random, adversarial, oracle), at both temperatures, in fp32 and bf16, on both kinds of target."""
 
 from __future__ import annotations
 
@@ -13,18 +14,20 @@ import pytest
 import torch
 from conftest import EOS_ID, MASK_ID, VOCAB, tiny_target
 from test_dual_cache import EOS, MASK, TARGETS
+from test_dual_cache import VOCAB as VOCAB_DUAL
 from test_engine import AUTO, drafters, mid_block_token, prompt_ids, run
 from test_spiffy import calibrated
 from transformers import DynamicCache
 
 from spot import DecodeConfig, Sampling, generate
-from spot.config import CONFIDENCES, STEPPED
+from spot.config import CONFIDENCE_DTYPES, CONFIDENCES, DREAM_EPS, STEPPED
 from spot.drafters import OracleDrafter
 from spot.drafters.sets import SetsDrafter, StaleSets
 from spot.drafters.spiffy import SpiffyDrafter
 from spot.noise import gumbel
 from spot.policy import confidence_of, propose, select
 from spot.targets import DualCacheTarget
+from spot_eval.harness.lossless import diverge
 
 # -- the rules, with literal inputs --------------------------------------------------------------
 
@@ -149,15 +152,18 @@ GRID = [(confidence, policy, stop) for confidence in CONFIDENCES for policy, sto
 @pytest.mark.parametrize(("confidence", "policy", "stop_at_eos"), GRID, ids=[f"{c}-{p}-{'stop' if s else 'write'}" for c, p, s in GRID])
 def test_every_rule_is_lossless_on_a_block_causal_target(confidence, policy, stop_at_eos):
     """Each rule under each policy, at T = 0 and 1 alternately (so each rule meets both), with bf16 in the exact
-    layout, the mask in the softmax and the first-token commit on a share of the grid."""
+    layout, the mask in the softmax, the first-token commit, the capped threshold and confidences in the model's
+    dtype on a share of the grid."""
     i = GRID.index((confidence, policy, stop_at_eos))
     temperature = float((i % 5 + i // 5) % 2)  # each policy at both temperatures across the confidences
     dtype = torch.bfloat16 if i % 3 == 2 else torch.float32  # bf16 in the exact layout for a third of the grid
     target = tiny_target(16, seed=i % 3, eos_ids=frozenset({EOS_ID}), dtype=dtype, exact=dtype == torch.bfloat16)
-    config = DecodeConfig(policy=policy, threshold=0.3, steps=8 if policy in STEPPED else None, block_length=16, gen_length=45,
-                          sampling=Sampling(temperature), seed=i, confidence=confidence, stop_at_eos=stop_at_eos,
+    capped = policy == "threshold" and confidence != "random"  # three of the four threshold rows, at T = 0 and 1
+    config = DecodeConfig(policy=policy, threshold=0.3, steps=8 if policy in STEPPED or capped else None, block_length=16,
+                          gen_length=45, sampling=Sampling(temperature), seed=i, confidence=confidence, stop_at_eos=stop_at_eos,
                           alg_temp=0.5 if policy == "timestep" and confidence in ("probability", "entropy") else 0.0,
-                          mask_in_softmax=i % 2 == 0, first_token_commit=i % 3 == 1)
+                          mask_in_softmax=i % 2 == 0, first_token_commit=i % 3 == 1, capped=capped,
+                          confidence_dtype="model" if i % 4 < 2 else "float64")  # in bf16 and fp32 both
     prompt = prompt_ids(i, 13)
     reference = generate(target, prompt, config, record=True)
     for j, drafter in enumerate(every_drafter(reference, target, config)):
@@ -176,10 +182,12 @@ def test_every_rule_is_lossless_on_the_dual_cache_targets(name, confidence, temp
     build, _, shift = TARGETS[name]
     target = DualCacheTarget(build(seed=4), MASK, frozenset({EOS}), 16, shift=shift)
     policy = {"probability": "single", "margin": "threshold", "entropy": "timestep", "random": "timestep"}[confidence]
-    config = DecodeConfig(policy=policy, threshold=0.3, steps=8 if policy == "timestep" else None, block_length=16,
+    capped = policy == "threshold" and temperature > 0
+    config = DecodeConfig(policy=policy, threshold=0.3, steps=8 if policy == "timestep" or capped else None, block_length=16,
                           gen_length=32, sampling=Sampling(temperature), seed=2, confidence=confidence,
                           stop_at_eos=confidence in ("probability", "entropy"), mask_in_softmax=confidence == "margin",
-                          first_token_commit=confidence in ("entropy", "random"))
+                          first_token_commit=confidence in ("entropy", "random"), capped=capped,
+                          confidence_dtype="model" if temperature == 0 else "float64")
     prompt = list(range(1, 12))
     reference = generate(target, prompt, config, record=True)
     for j, drafter in enumerate(every_drafter(reference, target, config)):
@@ -236,66 +244,119 @@ def test_a_step_that_commits_nothing_costs_no_forward():
 
 
 def full_forward(model, x: torch.Tensor) -> torch.Tensor:
-    """[L, V] float32 logits of one bidirectional forward over the canvas x [L] (an all-true mask: no causality)."""
+    """[L, V] logits, in the model's dtype as the generators get them, of one bidirectional forward over the canvas
+    x [L] (an all-true mask: no causality)."""
     mask = torch.ones(1, 1, len(x), len(x), dtype=torch.bool)
     hidden = model.model(input_ids=x[None], position_ids=torch.arange(len(x))[None], attention_mask=mask).last_hidden_state[0]
-    return model.lm_head(hidden).float()
+    return model.lm_head(hidden)
 
 
-def dream_generate(model, prompt: list[int], gen_length: int, steps: int, alg: str) -> list[int]:
+def top(confidence: torch.Tensor, k: int) -> torch.Tensor:
+    """The references' torch.topk(confidence, k).indices, ties to the leftmost position (one amendment): torch
+    leaves the order of ties unspecified (on the CPU it is libstdc++'s nth_element's), so a reference can commit
+    either of two positions whose confidences are equal, which in bf16 happens; spot commits the leftmost."""
+    return torch.sort(confidence, descending=True, stable=True).indices[:k]
+
+
+def dream_sample_tokens(logits: torch.Tensor, alg: str, top_k: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dream's sample_tokens at T = 0 on logits [M, V] in the model's dtype, op for op: top-k (fill with the
+    dtype's min), the softmax in that dtype, the token the most probable (the mask never: the one amendment),
+    and (confidence [M], token [M]) with the confidence of `alg`: maskgit_plus its probability, topk_margin top-1
+    minus top-2, entropy sum p log(p + 1e-10)."""
+    if top_k is not None:
+        logits = logits.masked_fill(logits < torch.topk(logits, top_k).values[:, -1:], torch.finfo(logits.dtype).min)
+    probs = torch.softmax(logits, dim=-1)
+    confidence, x0 = probs.index_fill(-1, torch.tensor([MASK]), -1.0).max(dim=-1)
+    if alg == "topk_margin":
+        ordered = probs.sort(dim=-1, descending=True).values
+        confidence = ordered[:, 0] - ordered[:, 1]
+    elif alg == "entropy":
+        confidence = (probs * torch.log(probs + 1e-10)).sum(dim=-1)
+    return confidence, x0
+
+
+def dream_generate(model, prompt: list[int], gen_length: int, steps: int, alg: str, top_k: int | None = None,
+                   eps: float = 1e-3) -> list[int]:
     """Dream's diffusion_generate at T = 0 (alg maskgit_plus, topk_margin or entropy), written from its rules
-    (shared/research/method.md 2.4): the whole canvas each step, logits shifted right by one, the softmax over
-    the whole vocabulary (mask included), int(n * (1 - s/t)) positions a step on linspace(1, 1e-3, steps + 1),
-    the last step all; one amendment, the mask token is never drawn."""
+    (shared/research/method.md 2.4): the whole canvas each step, logits shifted right by one, `sample_tokens` in
+    the model's dtype over the whole vocabulary (mask included), int(n * (1 - s/t)) positions a step on
+    linspace(1, eps, steps + 1), the last step all; the mask token never drawn and ties leftmost (`top`)."""
     x = torch.tensor(prompt + [MASK] * gen_length)
-    timesteps = torch.linspace(1, 1e-3, steps + 1)
+    timesteps = torch.linspace(1, eps, steps + 1)
     with torch.no_grad():
         for i in range(steps):
             mask_index = x == MASK
             logits = full_forward(model, x)
             logits = torch.cat([logits[:1], logits[:-1]])  # Dream's shift
-            probs = torch.softmax(logits[mask_index].double(), dim=-1)
-            drawable = probs.clone()
-            drawable[:, MASK] = -1.0
-            x0 = drawable.argmax(dim=-1)
-            confidence = probs.gather(-1, x0[:, None])[:, 0]
-            if alg == "topk_margin":
-                top = probs.sort(dim=-1, descending=True).values
-                confidence = top[:, 0] - top[:, 1]
-            elif alg == "entropy":
-                confidence = (probs * torch.log(probs + 1e-10)).sum(dim=-1)
+            confidence, x0 = dream_sample_tokens(logits[mask_index], alg, top_k)
             t, s = timesteps[i], timesteps[i + 1]
             n = mask_index.sum() / 1  # Dream: mask_index.sum() / batch size, a float32 tensor
             k = int(n * (1 - s / t)) if i < steps - 1 else int(n)
-            full = torch.full(x.shape, float("-inf"), dtype=torch.float64)
+            full = torch.full(x.shape, float("-inf"), dtype=confidence.dtype)
             full[mask_index] = confidence
             proposed = x.clone()
             proposed[mask_index] = x0
             if k > 0:
-                chosen = torch.topk(full, k).indices
+                chosen = top(full, k)
                 x[chosen] = proposed[chosen]
     return x[len(prompt):].tolist()
 
 
+DREAM_TOP_K = 50  # the top_k Dream's generator inherits from the legacy generation defaults of transformers 4.46
+
+
+@pytest.mark.parametrize("confidence_dtype", CONFIDENCE_DTYPES)
 @pytest.mark.parametrize(("alg", "confidence"), [("maskgit_plus", "probability"), ("topk_margin", "margin"), ("entropy", "entropy")])
-def test_dream_decodes_as_diffusion_generate_for_each_alg(alg, confidence):
+def test_dream_decodes_as_diffusion_generate_for_each_alg(alg, confidence, confidence_dtype):
+    """In fp32, with its top_k of 50 (the docs' reference line) and without, confidences in either dtype."""
     build, _, shift = TARGETS["dream"]
     model = build(seed=6)
-    for prompt, steps in ((list(range(1, 12)), 10), (list(range(3, 9)), 24)):  # 24 steps: some commit nothing
+    for prompt, steps, top_k in ((list(range(1, 12)), 10, DREAM_TOP_K), (list(range(3, 9)), 24, None)):  # 24 steps: some commit nothing
         gen = 24
         target = DualCacheTarget(model, MASK, frozenset({EOS}), gen, cache="none", shift=shift)  # one block: the whole generation
         config = DecodeConfig(policy="timestep", steps=steps, block_length=gen, gen_length=gen, confidence=confidence,
-                              mask_in_softmax=True, stop_at_eos=False)
+                              mask_in_softmax=True, stop_at_eos=False, confidence_dtype=confidence_dtype,
+                              sampling=Sampling(top_k=top_k or 0))
         got = generate(target, prompt, config)
-        assert list(got.token_ids) == dream_generate(model, prompt, gen, steps, alg), (alg, len(prompt), steps)
+        assert list(got.token_ids) == dream_generate(model, prompt, gen, steps, alg, top_k), (alg, len(prompt), steps)
         assert got.stats.forwards <= steps
+
+
+def test_dreams_eps_is_settable():
+    """Dream's schedule linspace(1, eps, steps + 1) with a caller's eps: 24 masks in 8 steps commit 2, 3, 3, 3, 3,
+    3, 3, 4 at its default 1e-3 and 1, 1, 1, 1, 1, 1, 1, 17 at eps = 0.5 (its timesteps end at 0.5, so each step
+    but the last reveals int(n * (1 - s/t)) of a slowly falling t); the decode is Dream's with that eps."""
+    def counts(config):
+        masked, out = 24, []
+        for step in range(8):
+            out.append(config.commit_count(step, masked))
+            masked -= out[-1]
+        return out
+
+    schedule = DecodeConfig(policy="timestep", steps=8, block_length=24, eps=0.5)
+    assert counts(replace(schedule, eps=DREAM_EPS)) == [2, 3, 3, 3, 3, 3, 3, 4]
+    assert counts(schedule) == [1, 1, 1, 1, 1, 1, 1, 17]
+    build, _, shift = TARGETS["dream"]
+    model = build(seed=6)
+    prompt, gen = list(range(1, 12)), 24
+    target = DualCacheTarget(model, MASK, frozenset({EOS}), gen, cache="none", shift=shift)
+    config = replace(schedule, gen_length=gen, mask_in_softmax=True, stop_at_eos=False)
+    got = generate(target, prompt, config, record=True)
+    assert list(got.token_ids) == dream_generate(model, prompt, gen, 8, "maskgit_plus", eps=0.5)
+    states = got.trajectory[0].states
+    assert [int((states[s] == MASK).sum() - (states[s + 1] == MASK).sum()) for s in range(8)] == counts(schedule)
+    with pytest.raises(ValueError, match="eps sets the timestep policy's schedule .* not policy 'single''s; drop eps"):
+        DecodeConfig(eps=0.5)
+    with pytest.raises(ValueError, match=r"eps must be in \[0, 1\)"):
+        DecodeConfig(policy="timestep", eps=1.0)
 
 
 def llada_generate(model, prompt: list[int], gen_length: int, block_length: int, steps: int) -> list[int]:
     """LLaDA's generate.py at T = 0 with low_confidence remasking, written from its rules (method.md): blocks
     from the prompt's end, `steps` split evenly over the blocks and each block's masks split over its steps
-    (the remainder to the first ones), the whole canvas each step, confidence p(x0) from a float64 softmax over
-    the whole vocabulary, positions past the block at -inf; the mask token is never drawn (one amendment)."""
+    (the remainder to the first ones), the whole canvas each step, confidence p(x0) from a softmax over the
+    whole vocabulary in the model's dtype, positions past the block at -inf; the mask token is never drawn and
+    ties go to the leftmost position (`top`)."""
     x = torch.tensor(prompt + [MASK] * gen_length)
     n, per_block = len(prompt), steps // (gen_length // block_length)
     with torch.no_grad():
@@ -306,22 +367,24 @@ def llada_generate(model, prompt: list[int], gen_length: int, block_length: int,
             for k in counts:
                 mask_index = x == MASK
                 logits = full_forward(model, x)
-                p = torch.softmax(logits.double(), dim=-1)
+                p = torch.softmax(logits, dim=-1)
                 logits[:, MASK] = float("-inf")
                 x0 = logits.argmax(dim=-1)
                 confidence = torch.where(mask_index, p.gather(-1, x0[:, None])[:, 0], float("-inf"))
                 confidence[hi:] = float("-inf")
-                chosen = torch.topk(confidence, k).indices
+                chosen = top(confidence, k)
                 x[chosen] = x0[chosen]
     return x[n:].tolist()
 
 
-def test_llada_decodes_as_generate_py_on_prompts_of_any_length():
+@pytest.mark.parametrize("confidence_dtype", CONFIDENCE_DTYPES)
+def test_llada_decodes_as_generate_py_on_prompts_of_any_length(confidence_dtype):
     build, _, _ = TARGETS["llada"]
     model = build(seed=7)
     for prompt in (list(range(1, 12)), list(range(1, 17)), list(range(4, 9))):  # 11, 16 and 5 tokens; blocks of 8
         target = DualCacheTarget(model, MASK, frozenset({EOS}), 8, cache="none")
-        config = DecodeConfig(policy="static", steps=4, block_length=8, gen_length=24, mask_in_softmax=True, stop_at_eos=False)
+        config = DecodeConfig(policy="static", steps=4, block_length=8, gen_length=24, mask_in_softmax=True, stop_at_eos=False,
+                              confidence_dtype=confidence_dtype)
         assert list(generate(target, prompt, config).token_ids) == llada_generate(model, prompt, 24, 8, 12), len(prompt)
 
 
@@ -330,12 +393,13 @@ def test_llada_decodes_as_generate_py_on_prompts_of_any_length():
 
 def fast_dllm_dream(model, prompt: list[int], gen_length: int, block_length: int, steps: int, alg: str,
                     threshold: float = 0.9) -> list[int]:
-    """Fast-dLLM's Dream `_sample` with its prefix cache at T = 0, written from its rules: per block, a full
-    forward whose shifted logits commit the block's first position alone and whose keys and values before the
-    block are kept; then forwards of [block | suffix] on that prefix, logits shifted within them, until the block
-    has no mask: alg "confidence_threshold" commits the most confident masked position and every other one at
-    >= threshold; otherwise Dream's schedule with steps // blocks steps a block, counted from 1, and the negative
-    entropy as confidence. Softmax over the whole vocabulary; the mask token is never drawn (one amendment)."""
+    """Fast-dLLM's Dream `_sample` with its prefix cache at T = 0 (dream/model/generation_utils_block.py), written
+    from its rules: per block, a full forward whose shifted logits commit the block's first position alone and
+    whose keys and values before the block are kept; then forwards of [block | suffix] on that prefix, logits
+    shifted within them, until the block has no mask: alg "confidence_threshold" commits the most confident
+    masked position and every other one at >= threshold (no cap: the blocked generator has none); otherwise
+    Dream's schedule with steps // blocks steps a block, counted from 1, and the negative entropy as confidence.
+    Dream's `sample_tokens` in the model's dtype (`dream_sample_tokens`); ties leftmost (`top`)."""
     x = torch.tensor(prompt + [MASK] * gen_length)
     n, blocks = len(prompt), gen_length // block_length
     per_block = steps // blocks
@@ -345,19 +409,14 @@ def fast_dllm_dream(model, prompt: list[int], gen_length: int, block_length: int
         mask = torch.ones(1, 1, len(ids), len(ids) + past.get_seq_length(), dtype=torch.bool)
         hidden = model.model(input_ids=ids[None], position_ids=positions[None], attention_mask=mask, cache=past,
                              use_cache=True).last_hidden_state[0]
-        logits = model.lm_head(hidden).float()
+        logits = model.lm_head(hidden)
         return torch.cat([logits[:1], logits[:-1]])  # Dream's shift, within the rows fed
-
-    def drawn(logits):
-        probs = torch.softmax(logits.double(), dim=-1)
-        x0 = torch.where(torch.arange(probs.shape[-1]) == MASK, -1.0, probs).argmax(dim=-1)
-        return probs, x0
 
     with torch.no_grad():
         for b in range(blocks):
             start = n + b * block_length
             full = DynamicCache(config=model.config)
-            _, x0 = drawn(forward(x, torch.arange(len(x)), full))
+            _, x0 = dream_sample_tokens(forward(x, torch.arange(len(x)), full), "maskgit_plus")
             x[start] = x0[start]
             prefix = DynamicCache(config=model.config)
             for i, layer in enumerate(full.layers):
@@ -367,23 +426,22 @@ def fast_dllm_dream(model, prompt: list[int], gen_length: int, block_length: int
                 logits = forward(x[start:], torch.arange(start, len(x)), copy.deepcopy(prefix))
                 mask_index = x[start:] == MASK
                 mask_index[block_length:] = False
-                probs, x0 = drawn(logits[mask_index])
                 if alg == "confidence_threshold":
-                    confidence = probs.gather(-1, x0[:, None])[:, 0]
+                    confidence, x0 = dream_sample_tokens(logits[mask_index], "maskgit_plus")
                     k = int(mask_index.sum())
                 else:
-                    confidence = (probs * torch.log(probs + 1e-10)).sum(dim=-1)
+                    confidence, x0 = dream_sample_tokens(logits[mask_index], "entropy")
                     t, s = timesteps[i], timesteps[i + 1]
                     masked = mask_index.sum() / 1
                     k = int(masked * (1 - s / t)) if i < per_block - 1 else int(masked)
-                full_confidence = torch.full(mask_index.shape, float("-inf"), dtype=torch.float64)
+                full_confidence = torch.full(mask_index.shape, float("-inf"), dtype=confidence.dtype)
                 full_confidence[mask_index] = confidence
                 proposed = x[start:].clone()
                 proposed[mask_index] = x0
                 if k > 0:
-                    values, chosen = torch.topk(full_confidence, k)
+                    chosen = top(full_confidence, k)
                     if alg == "confidence_threshold":
-                        chosen = chosen[(values >= threshold) | (torch.arange(k) == 0)]
+                        chosen = chosen[(full_confidence[chosen] >= threshold) | (torch.arange(k) == 0)]
                     x[start + chosen] = proposed[chosen]
                 i += 1
     return x[n:].tolist()
@@ -439,18 +497,246 @@ def test_llada_decodes_as_fast_dllms_dual_cache_generator():
         assert list(generate(target, prompt, config).token_ids) == fast_dllm_llada(model, prompt, 24, 8, 0.2), len(prompt)
 
 
+@pytest.mark.parametrize(("dtype", "confidence_dtype"), [(torch.float32, "float64"), (torch.float32, "model"),
+                                                        (torch.bfloat16, "model")], ids=["fp32", "fp32-model", "bf16-model"])
 @pytest.mark.parametrize("alg", ["confidence_threshold", "entropy"])
-def test_dream_decodes_as_fast_dllms_generator(alg):
+def test_dream_decodes_as_fast_dllms_generator(alg, dtype, confidence_dtype):
     build, _, shift = TARGETS["dream"]
-    model = build(seed=9)
+    model = build(seed=9, dtype=dtype)
     for prompt in (list(range(1, 12)), list(range(2, 7))):
         target = DualCacheTarget(model, MASK, frozenset({EOS}), 8, cache="prefix", shift=shift)
         policy = dict(policy="threshold", threshold=0.3) if alg == "confidence_threshold" else dict(policy="timestep", steps=4)
         config = DecodeConfig(**policy, block_length=8, gen_length=24, confidence="probability" if alg != "entropy" else "entropy",
-                              mask_in_softmax=True, stop_at_eos=False, first_token_commit=True)
+                              mask_in_softmax=True, stop_at_eos=False, first_token_commit=True, confidence_dtype=confidence_dtype)
         expected = fast_dllm_dream(model, prompt, 24, 8, 12, alg, threshold=0.3)
         assert list(generate(target, prompt, config).token_ids) == expected, (alg, len(prompt))
         assert list(generate(target, prompt, replace(config, first_token_commit=False)).token_ids) != expected or alg == "entropy"
+
+
+# -- Fast-dLLM's full-canvas Dream threshold: the capped threshold -------------------------------
+
+
+def test_the_cap_is_the_masks_left_beyond_the_later_steps_shares():
+    config = DecodeConfig(policy="threshold", capped=True, steps=3, block_length=24)
+    assert config.cap(0, 24) == 8  # n / steps
+    assert config.cap(1, 21) == 13  # step 0 committed 3 of its 8: 8 and the 5 it left unused
+    assert config.cap(1, 16) == 8  # step 0 used its whole cap
+    assert config.cap(2, 10) == 10 and config.cap(5, 3) == 3  # the last step and the steps added after it: every mask
+    assert config.cap(0, 5) == 1  # a block that starts with fewer masks than its shares: the most confident alone
+    assert DecodeConfig(policy="threshold", capped=True, steps=3, block_length=10).cap(0, 10) == 4  # SDAR's split: 4, 3, 3
+    assert DecodeConfig(policy="threshold").cap(0, 24) is None
+
+
+def test_bad_capped_settings_are_named():
+    with pytest.raises(ValueError, match="capped needs steps: a step commits at most block_length / steps"):
+        DecodeConfig(policy="threshold", capped=True)
+    with pytest.raises(ValueError, match="capped caps the threshold policy's steps .* not policy 'dynamic'"):
+        DecodeConfig(policy="dynamic", capped=True, steps=4)
+    with pytest.raises(ValueError, match="steps applies to the static, dynamic, timestep policies and to threshold with capped"):
+        DecodeConfig(policy="threshold", steps=4)
+    with pytest.raises(ValueError, match="acceptance max_commit may accept more positions .* than capped lets a step commit"):
+        DecodeConfig(policy="threshold", capped=True, steps=4, acceptance="max_commit")
+    with pytest.raises(ValueError, match="unknown confidence_dtype 'bf16'; choose one of float64, model"):
+        DecodeConfig(confidence_dtype="bf16")
+
+
+def fast_dllm_capped_steps(table: torch.Tensor, threshold: float, steps: int) -> list[list[int]]:
+    """The positions each step of Fast-dLLM's Dream `confidence_threshold` commits (dream/model/generation_utils.py,
+    `_sample`, transcribed with its names) on a canvas whose masked positions' confidences at step i are table[i]
+    ([S, L]; committed positions at -inf): number_transfer_tokens = n // steps (it asserts n divisible by steps);
+    each step takes the top number_transfer_tokens + left_tokens_last_step (`top`), commits the first and each
+    other at >= threshold, and counts each other into the next step's left_tokens_last_step; at the last step
+    such a position adds a step and zeroes the share, so the added step's cap is what is left."""
+    masked = torch.ones(table.shape[1], dtype=torch.bool)
+    number_transfer_tokens, left_tokens_last_step, i, out = int(masked.sum()) // steps, 0, 0, []
+    while i < steps:
+        full_confidence = torch.where(masked, table[i], float("-inf"))
+        current_transfer_tokens = number_transfer_tokens + left_tokens_last_step
+        left_tokens_last_step = 0
+        select_index = top(full_confidence, current_transfer_tokens)
+        transfer_index = torch.zeros_like(masked)
+        transfer_index[select_index] = True
+        for k in range(1, current_transfer_tokens):
+            if full_confidence[select_index[k]] < threshold:
+                if i < steps - 1:
+                    left_tokens_last_step += 1
+                    transfer_index[select_index[k]] = False
+                else:
+                    number_transfer_tokens = 0
+                    steps += 1
+                    left_tokens_last_step += 1
+                    transfer_index[select_index[k]] = False
+        out.append(torch.nonzero(transfer_index)[:, 0].tolist())
+        masked &= ~transfer_index
+        i += 1
+    return out
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
+def test_the_capped_threshold_commits_as_fast_dllms_dream_step_for_step(dtype):
+    """On random confidences (in bf16 many of them equal, so ties and tau's rounding count), every step of every
+    block as the transcription above: the carry of an unused cap, the steps added at the end, ties leftmost."""
+    g = torch.Generator().manual_seed(0)
+    length, added = 24, 0
+    for case in range(300):
+        steps = (1, 2, 3, 4, 6, 8, 12, 24)[case % 8]
+        threshold = (0.3, 0.6, 0.9, 0.97)[case // 8 % 4]
+        table = torch.rand(length, length, generator=g, dtype=torch.float64).to(dtype)  # [steps taken, L]
+        expected = fast_dllm_capped_steps(table, threshold, steps)
+        config = DecodeConfig(policy="threshold", threshold=threshold, capped=True, steps=steps, block_length=length)
+        masked, got = torch.ones(length, dtype=torch.bool), []
+        while bool(masked.any()):
+            chosen = select(masked, table[len(got)], config, len(got))
+            got.append(torch.nonzero(chosen)[:, 0].tolist())
+            masked &= ~chosen
+        assert got == expected, (case, steps, threshold)
+        added += len(got) > steps
+    assert added > 50  # the last step left positions under the threshold often: steps were added
+
+
+def fast_dllm_dream_full_canvas(model, prompt: list[int], gen_length: int, steps: int, threshold: float) -> list[int]:
+    """Fast-dLLM's Dream `_sample` with alg confidence_threshold at T = 0 (dream/model/generation_utils.py, what its
+    eval.py runs without use_cache): the whole canvas each forward, logits shifted right by one, `sample_tokens` in
+    the model's dtype (`dream_sample_tokens`), and the capped commit of `fast_dllm_capped_steps` on the masked
+    positions' confidences; the mask never drawn and ties leftmost (`top`)."""
+    x = torch.tensor(prompt + [MASK] * gen_length)
+    mask_index = x == MASK
+    assert int(mask_index.sum()) % steps == 0  # its own assertion
+    number_transfer_tokens, left_tokens_last_step, i = int(mask_index.sum()) // steps, 0, 0
+    with torch.no_grad():
+        while i < steps:
+            mask_index = x == MASK
+            logits = full_forward(model, x)
+            logits = torch.cat([logits[:1], logits[:-1]])  # Dream's shift
+            confidence, x0 = dream_sample_tokens(logits[mask_index], "maskgit_plus")
+            x_ = torch.full_like(x, MASK)
+            x_[mask_index] = x0
+            full_confidence = torch.full(x.shape, float("-inf"), dtype=logits.dtype)
+            full_confidence[mask_index] = confidence
+            current_transfer_tokens = number_transfer_tokens + left_tokens_last_step
+            left_tokens_last_step = 0
+            select_index = top(full_confidence, current_transfer_tokens)
+            transfer_index = torch.zeros_like(mask_index)
+            transfer_index[select_index] = True
+            for k in range(1, current_transfer_tokens):
+                if full_confidence[select_index[k]] < threshold:
+                    if i < steps - 1:
+                        left_tokens_last_step += 1
+                        transfer_index[select_index[k]] = False
+                    else:
+                        number_transfer_tokens = 0
+                        steps += 1
+                        left_tokens_last_step += 1
+                        transfer_index[select_index[k]] = False
+            x[transfer_index] = x_[transfer_index]
+            i += 1
+    return x[len(prompt):].tolist()
+
+
+# (seed, prompt, gen_length, steps, threshold): shares of 8, 4, 6 and 12 a step.
+FULL_CANVAS = [(0, list(range(2, 7)), 32, 4, 0.3), (0, list(range(5, 30)), 24, 6, 0.2), (2, list(range(1, 12)), 24, 4, 0.5),
+               (1, list(range(1, 12)), 24, 2, 0.5)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_dream_decodes_as_fast_dllms_full_canvas_threshold_generator(dtype):
+    """The docs' line for it (cache=none, block_length = gen_length, unmasking=threshold, capped=true, steps=,
+    mask_in_softmax, stop_at_eos=false, confidence_dtype=model) decodes as the generator does, in fp32 and bf16;
+    without the cap it does not (the cap binds), and in bf16 float64 confidences part from it at exact ties."""
+    build, _, shift = TARGETS["dream"]
+    uncapped = f64 = 0
+    for seed, prompt, gen, steps, threshold in FULL_CANVAS:
+        model = build(seed=seed, dtype=dtype)
+        target = DualCacheTarget(model, MASK, frozenset({EOS}), gen, cache="none", shift=shift)
+        config = DecodeConfig(policy="threshold", threshold=threshold, capped=True, steps=steps, block_length=gen,
+                              gen_length=gen, mask_in_softmax=True, stop_at_eos=False, confidence_dtype="model")
+        expected = fast_dllm_dream_full_canvas(model, prompt, gen, steps, threshold)
+        got = generate(target, prompt, config, record=True, record_margins=True)
+        assert list(got.token_ids) == expected, (seed, len(prompt))
+        uncapped += list(generate(target, prompt, replace(config, capped=False, steps=None)).token_ids) != expected
+        in_f64 = generate(target, prompt, replace(config, confidence_dtype="float64"), record=True)
+        if dtype == torch.float32:
+            assert list(in_f64.token_ids) == expected, (seed, len(prompt))
+        elif list(in_f64.token_ids) != expected:
+            f64 += 1
+            assert_an_exact_tie(in_f64, got, config)
+    assert uncapped == len(FULL_CANVAS)  # the cap bound in every case
+    assert f64 >= 1 or dtype == torch.float32
+
+
+def assert_an_exact_tie(other, model_dtype, config: DecodeConfig) -> None:
+    """Where `other` (float64 confidences) first parts from the `model_dtype` decode (record_margins), that step's
+    decision was an exact tie in the model dtype's confidences: two positions equal at the cut, or one equal to
+    tau as the dtype rounds it."""
+    divergence = diverge(other, model_dtype, config, MASK)
+    assert divergence.flipped in ("position", "threshold") and divergence.margin == 0.0, divergence
+
+
+# -- bf16: confidences in the model's dtype -------------------------------------------------------
+
+
+def test_model_dtype_confidences_are_the_references_to_the_bit():
+    """Dream's sample_tokens on bf16 logits (its top-k of 50 included): confidence_dtype "model" computes the same
+    probabilities and margins bit for bit and the same order of negative entropies; and meets tau as bf16 rounds
+    it, as a reference comparing a bf16 confidence with 0.9 does (0.8984375 clears it), where float64 does not."""
+    g = torch.Generator().manual_seed(3)
+    logits = (torch.randn(16, VOCAB_DUAL, generator=g) * 3).to(torch.bfloat16)
+    for alg, rule in (("maskgit_plus", "probability"), ("topk_margin", "margin"), ("entropy", "entropy")):
+        for top_k in (None, DREAM_TOP_K):
+            expected, x0 = dream_sample_tokens(logits, alg, top_k)
+            got = propose(logits.float(), None, Sampling(top_k=top_k or 0), MASK, confidence=rule, mask_in_softmax=True,
+                          dtype=torch.bfloat16)  # a target hands its logits over in float32
+            assert torch.equal(got.tokens, x0), (alg, top_k)
+            assert torch.equal(got.confidence, torch.exp(expected.double()) if rule == "entropy" else expected), (alg, top_k)
+    bf16 = torch.tensor([0.95, 0.8984375, 0.5], dtype=torch.bfloat16)  # 0.8984375: 0.9 rounded to bf16
+    masked, config = torch.ones(3, dtype=torch.bool), DecodeConfig(policy="threshold", threshold=0.9)
+    assert select(masked, bf16, config).tolist() == [True, True, False]
+    assert select(masked, bf16.double(), config).tolist() == [True, False, False]
+
+
+FLAT = 0.25  # a head a quarter as sharp: confidences spread thin, so that bf16 rounds some of them to one value
+
+# (reference, alg, seed, flat head, prompt, steps): bf16 decodes where float64 confidences part from the reference
+BF16_TIES = [("llada", "low_confidence", 0, True, list(range(1, 17)), 12), ("llada", "low_confidence", 1, True, list(range(1, 17)), 12),
+             ("dream", "maskgit_plus", 1, True, list(range(1, 12)), 10), ("dream", "topk_margin", 3, True, list(range(1, 12)), 10),
+             ("dream", "entropy", 0, False, list(range(3, 9)), 24), ("dream", "entropy", 1, False, list(range(1, 12)), 10)]
+
+
+@pytest.mark.parametrize(("name", "alg", "seed", "flat", "prompt", "steps"), BF16_TIES,
+                         ids=[f"{n}-{a}-{s}" for n, a, s, *_ in BF16_TIES])
+def test_bf16_ties_decode_as_the_references_do_in_the_models_dtype(name, alg, seed, flat, prompt, steps):
+    """LLaDA's generate.py and Dream's diffusion_generate (top_k 50) in bf16, on decodes where bf16 confidences
+    order positions otherwise than exact ones: the docs' line with confidence_dtype=model decodes as the reference;
+    with float64 confidences the decode parts from it. A probability is rounded once, so there the parting step is
+    an exact bf16 tie; a margin (a difference of two rounded probabilities) or a negative entropy (a bf16 sum) can
+    also rank two positions the other way outright."""
+    build, _, shift = TARGETS[name]
+    model = build(seed=seed, dtype=torch.bfloat16)
+    if flat:
+        with torch.no_grad():
+            model.lm_head.weight.mul_(FLAT)
+    gen = 24
+    if name == "llada":
+        target = DualCacheTarget(model, MASK, frozenset({EOS}), 8, cache="none")
+        config = DecodeConfig(policy="static", steps=4, block_length=8, gen_length=gen, mask_in_softmax=True,
+                              stop_at_eos=False, confidence_dtype="model")
+        expected = llada_generate(model, prompt, gen, 8, steps)
+    else:
+        target = DualCacheTarget(model, MASK, frozenset({EOS}), gen, cache="none", shift=shift)
+        confidence = {"maskgit_plus": "probability", "topk_margin": "margin", "entropy": "entropy"}[alg]
+        config = DecodeConfig(policy="timestep", steps=steps, block_length=gen, gen_length=gen, confidence=confidence,
+                              mask_in_softmax=True, stop_at_eos=False, confidence_dtype="model",
+                              sampling=Sampling(top_k=DREAM_TOP_K))
+        expected = dream_generate(model, prompt, gen, steps, alg, DREAM_TOP_K)
+    assert target.logits_dtype == torch.bfloat16  # what confidence_dtype=model computes in
+    got = generate(target, prompt, config, record=True, record_margins=True)
+    assert list(got.token_ids) == expected
+    in_f64 = generate(target, prompt, replace(config, confidence_dtype="float64"), record=True)
+    assert list(in_f64.token_ids) != expected
+    if alg in ("low_confidence", "maskgit_plus"):
+        assert_an_exact_tie(in_f64, got, config)
+    else:
+        assert diverge(in_f64, got, config, MASK).flipped == "position"
 
 
 class InPlaceCache:

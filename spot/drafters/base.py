@@ -30,6 +30,8 @@ class DraftContext:
         drafter's own default.
     stale_hidden: [K, d] the target's last hidden states (LM-head inputs) behind `stale_logits`, on
         the target's device and in its dtype (None with stale_logits None).
+    model_dtype: the target's logits dtype (Target.logits_dtype), what a drafter that replays the policy passes
+        to spot.policy.decide (confidence_dtype "model" computes in it); None: the logits' own.
     """
 
     state: torch.Tensor
@@ -45,6 +47,7 @@ class DraftContext:
     gumbel: Callable[[int], torch.Tensor | None]
     mode: str | None = None
     stale_hidden: torch.Tensor | None = None
+    model_dtype: torch.dtype | None = None
 
 
 @runtime_checkable

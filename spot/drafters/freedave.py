@@ -57,7 +57,8 @@ class FreeDaveDrafter:
             if len(states) > ctx.budget or not bool((node == ctx.mask_id).any()):
                 break
             noise = ctx.gumbel(ctx.step - 1 if self.reuse_sample else step)
-            node = decide(node.to(ctx.stale_logits.device), ctx.stale_logits, noise, ctx.config, ctx.mask_id, step)[0].cpu()
+            node = decide(node.to(ctx.stale_logits.device), ctx.stale_logits, noise, ctx.config, ctx.mask_id, step,
+                          model_dtype=ctx.model_dtype)[0].cpu()
             step += 1
             if not torch.equal(node, states[-1]):
                 states.append(node)

@@ -57,6 +57,7 @@ class Target(Protocol):
     vocab_size: int  # V
     max_positions: int
     device: torch.device
+    logits_dtype: torch.dtype  # what the model computes its logits in (Verified holds them as float32, exactly)
     forwards: int  # model calls so far (prefill, verify and block commits alike)
     hidden: torch.Tensor | None  # [P, K, d] the last verify's LM-head inputs per piece and position (no extra forward)
     cross_block: bool  # whether `verify` takes cross pieces (`ahead`)
@@ -135,6 +136,8 @@ class ModelTarget:
         self.vocab_size = int(model.config.vocab_size)
         self.max_positions = int(model.config.max_position_embeddings)
         self.device = next(model.parameters()).device
+        head = model.get_output_embeddings()  # the logits come out in the LM head's dtype
+        self.logits_dtype = (head.weight if head is not None else next(model.parameters())).dtype
         self.forwards = 0
         self.hidden: torch.Tensor | None = None
         self.cross_block = False

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from spot import DecodeConfig, Generation
-from spot.policy import Margins, Proposal, ranked
+from spot.policy import Margins, Proposal, ranked, threshold_as_met
 
 
 @dataclass(frozen=True)
@@ -137,20 +137,24 @@ def flip(
     "threshold" (threshold and dynamic policies, one committed set inside the other): a position
         crossed tau; margin: |log c - log tau| of the nearest such position.
     "position": other positions came out on top; margin: log c of the draft-free run's least confident
-        ranked pick (the k-th of the step, `DecodeConfig.commit_count`) - log c of the other run's best
-        position outside the draft-free set.
+        ranked pick (the k-th of the step, `DecodeConfig.commit_count`, or `DecodeConfig.cap` where that bound)
+        - log c of the other run's best position outside the draft-free set.
     """
     masked = before == mask_id
     ours, theirs = masked & (after != mask_id), masked & (other != mask_id)
     retoken = theirs & (other != proposal.tokens)
     if bool(retoken.any()):
         return "token", float(proposal.token_margin[retoken].min())
-    log_c = proposal.confidence.log()
+    log_c = proposal.confidence.to(torch.float64).log()
     crossed = ours ^ theirs
     nested = not bool((ours & ~theirs).any()) or not bool((theirs & ~ours).any())
     if config.policy in ("threshold", "dynamic") and nested:
-        return "threshold", float((log_c[crossed] - math.log(config.threshold)).abs().min())
+        tau = threshold_as_met(config.threshold, proposal.confidence.dtype)
+        return "threshold", float((log_c[crossed] - math.log(tau)).abs().min())
     order = ranked(masked, log_c)
-    last_pick = order[min(max(config.commit_count(step, int(masked.sum())), 1), len(order)) - 1]
+    k = max(config.commit_count(step, len(order)), 1)
+    if config.cap(step, len(order)) == int(ours.sum()):  # the cap may have bound: its last pick decided
+        k = int(ours.sum())
+    last_pick = order[min(k, len(order)) - 1]
     return "position", float(log_c[last_pick] - log_c[theirs & ~ours].max())
 
