@@ -5,6 +5,7 @@ no console error, every image loaded, Table 2 with a row per method and a column
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -120,7 +121,10 @@ def open_page(browser, page_path: Path, screenshot: Path) -> dict:
     page.goto(page_path.as_uri())
     page.wait_for_load_state("load")
     seen = page.evaluate("""() => ({
-        images: [...document.images].map(i => ({alt: i.alt, width: i.naturalWidth, complete: i.complete})),
+        images: [...document.images].map(i => ({alt: i.alt, width: i.naturalWidth, complete: i.complete,
+                                                height: i.getBoundingClientRect().height})),
+        title: document.querySelector('h1')?.textContent || '',
+        headings: [...document.querySelectorAll('h2')].map(h => h.textContent.trim()),
         tables: [...document.querySelectorAll('table.table2')].map(t => ({
             rows: [...t.querySelectorAll('tbody tr th')].map(th => th.textContent.trim()),
             groups: [...t.querySelectorAll('thead tr:first-child th')].filter(th => th.colSpan > 1)
@@ -139,7 +143,8 @@ def test_the_comparison_and_the_nightly_report_open_in_a_browser(browser, tmp_pa
     write_comparison(bundle, tmp_path / "compare", date="2026-12-03")
     seen = open_page(browser, tmp_path / "compare" / "compare.html", tmp_path / "compare.png")
     assert seen["errors"] == []
-    assert len(seen["images"]) == 3 and all(i["complete"] and i["width"] > 0 for i in seen["images"])
+    assert len(seen["images"]) == 4 and all(i["complete"] and i["width"] > 0 for i in seen["images"])
+    assert seen["headings"][:2] == ["Verdict", "Against the rivals and the bound"]
     # Per temperature: the single-commit section and the threshold section, each a row per method, 5 columns per task.
     assert len(seen["tables"]) == 4
     single, threshold = seen["tables"][:2]
@@ -164,5 +169,24 @@ def test_the_comparison_and_the_nightly_report_open_in_a_browser(browser, tmp_pa
     assert [alt for alt in (i["alt"] for i in seen["images"]) if "trend" in alt or "ratios per nightly" in alt]
     assert seen["verdicts"] == [["pass", "PASS"], ["pass", "PASS"], ["fail", "FAIL"], ["pass", "PASS"]]
     headings = report.sections
-    assert [s.heading for s in headings][:3] == ["Verdict", "Findings", "Table 2 at T = 0"]
+    assert [s.heading for s in headings][:4] == ["Verdict", "What the runs found", "Findings", "Table 2 at T = 0"]
     print(f"screenshots: {tmp_path / 'compare.png'}, {tmp_path / 'nightly.png'}")
+
+
+COMMITTED = Path(__file__).resolve().parent.parent / "results"
+
+
+@pytest.mark.slow
+def test_the_committed_reports_say_what_they_found_with_readable_figures(browser, tmp_path):
+    """The committed comparison and the third night of the committed example nightly, at 1,400 px: the verdict first,
+    the day they ran in the header, a trend in the nightly, and every figure at least 250 px tall."""
+    comparison = open_page(browser, COMMITTED / "comparison" / "compare.html", tmp_path / "compare.png")
+    nightly = open_page(browser, COMMITTED / "nightly" / "night-3" / "report.html", tmp_path / "nightly.png")
+    for seen in (comparison, nightly):
+        assert seen["errors"] == [] and all(i["complete"] for i in seen["images"])
+        assert [i["alt"] for i in seen["images"] if i["height"] < 250] == []
+        assert re.search(r"date\s*2026-\d\d-\d\d", seen["identity"]), seen["identity"]
+    assert comparison["headings"][:2] == ["Verdict", "Against the rivals and the bound"]
+    assert nightly["headings"][:2] == ["Verdict", "What the runs found"]
+    assert re.match(r"spot-eval nightly 2026-\d\d-\d\d: suite example", nightly["title"])
+    assert [i for i in nightly["images"] if "per nightly" in i["alt"]]  # the trend over the three nights
