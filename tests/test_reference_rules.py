@@ -548,28 +548,36 @@ def fast_dllm_capped_steps(table: torch.Tensor, threshold: float, steps: int) ->
     other at >= threshold, and counts each other into the next step's left_tokens_last_step; at the last step
     such a position adds a step and zeroes the share, so the added step's cap is what is left."""
     masked = torch.ones(table.shape[1], dtype=torch.bool)
-    number_transfer_tokens, left_tokens_last_step, i, out = int(masked.sum()) // steps, 0, 0, []
-    while i < steps:
-        full_confidence = torch.where(masked, table[i], float("-inf"))
-        current_transfer_tokens = number_transfer_tokens + left_tokens_last_step
-        left_tokens_last_step = 0
+    cap, out = FastDllmCap(int(masked.sum()) // steps, steps), []
+    while cap.i < cap.steps:
+        transfer_index = cap.transfer(torch.where(masked, table[cap.i], float("-inf")), threshold)
+        out.append(torch.nonzero(transfer_index)[:, 0].tolist())
+        masked &= ~transfer_index
+    return out
+
+
+class FastDllmCap:
+    """The counters of Fast-dLLM's Dream capped threshold across the steps of `_sample`, with its names."""
+
+    def __init__(self, number_transfer_tokens: int, steps: int) -> None:
+        self.number_transfer_tokens, self.left_tokens_last_step, self.steps, self.i = number_transfer_tokens, 0, steps, 0
+
+    def transfer(self, full_confidence: torch.Tensor, threshold: float) -> torch.Tensor:
+        """Step i's transfer_index over the canvas (masked positions' confidences; committed ones at -inf)."""
+        current_transfer_tokens = self.number_transfer_tokens + self.left_tokens_last_step
+        self.left_tokens_last_step = 0
         select_index = top(full_confidence, current_transfer_tokens)
-        transfer_index = torch.zeros_like(masked)
+        transfer_index = torch.zeros(full_confidence.shape, dtype=torch.bool)
         transfer_index[select_index] = True
         for k in range(1, current_transfer_tokens):
             if full_confidence[select_index[k]] < threshold:
-                if i < steps - 1:
-                    left_tokens_last_step += 1
-                    transfer_index[select_index[k]] = False
-                else:
-                    number_transfer_tokens = 0
-                    steps += 1
-                    left_tokens_last_step += 1
-                    transfer_index[select_index[k]] = False
-        out.append(torch.nonzero(transfer_index)[:, 0].tolist())
-        masked &= ~transfer_index
-        i += 1
-    return out
+                if self.i == self.steps - 1:  # the last step leaves one under the threshold: a step more
+                    self.number_transfer_tokens = 0
+                    self.steps += 1
+                self.left_tokens_last_step += 1
+                transfer_index[select_index[k]] = False
+        self.i += 1
+        return transfer_index
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
@@ -602,9 +610,9 @@ def fast_dllm_dream_full_canvas(model, prompt: list[int], gen_length: int, steps
     x = torch.tensor(prompt + [MASK] * gen_length)
     mask_index = x == MASK
     assert int(mask_index.sum()) % steps == 0  # its own assertion
-    number_transfer_tokens, left_tokens_last_step, i = int(mask_index.sum()) // steps, 0, 0
+    cap = FastDllmCap(int(mask_index.sum()) // steps, steps)
     with torch.no_grad():
-        while i < steps:
+        while cap.i < cap.steps:
             mask_index = x == MASK
             logits = full_forward(model, x)
             logits = torch.cat([logits[:1], logits[:-1]])  # Dream's shift
@@ -613,23 +621,8 @@ def fast_dllm_dream_full_canvas(model, prompt: list[int], gen_length: int, steps
             x_[mask_index] = x0
             full_confidence = torch.full(x.shape, float("-inf"), dtype=logits.dtype)
             full_confidence[mask_index] = confidence
-            current_transfer_tokens = number_transfer_tokens + left_tokens_last_step
-            left_tokens_last_step = 0
-            select_index = top(full_confidence, current_transfer_tokens)
-            transfer_index = torch.zeros_like(mask_index)
-            transfer_index[select_index] = True
-            for k in range(1, current_transfer_tokens):
-                if full_confidence[select_index[k]] < threshold:
-                    if i < steps - 1:
-                        left_tokens_last_step += 1
-                        transfer_index[select_index[k]] = False
-                    else:
-                        number_transfer_tokens = 0
-                        steps += 1
-                        left_tokens_last_step += 1
-                        transfer_index[select_index[k]] = False
+            transfer_index = cap.transfer(full_confidence, threshold)
             x[transfer_index] = x_[transfer_index]
-            i += 1
     return x[len(prompt):].tolist()
 
 
