@@ -42,12 +42,19 @@ def pages() -> list[Path]:
     return sorted(DOCS_DIR.rglob("*.md"))
 
 
+def without_generated(text: str) -> str:
+    """A page with the regions docs/generate.py writes into it (between its markers) left out."""
+    for start, end in (GENERATE.HEADLINE, GENERATE.GLOSSARY, GENERATE.COSTS):
+        if start in text:
+            text = text[:text.index(start)] + text[text.index(end):]
+    return text
+
+
 def hand_written() -> dict[str, str]:
-    """README (without its generated table) and every docs page the generator does not write."""
-    start, end = GENERATE.HEADLINE
-    readme = README.read_text()
-    texts = {"README.md": readme[:readme.index(start)] + readme[readme.index(end):]}
-    texts.update({p.relative_to(ROOT).as_posix(): p.read_text() for p in pages() if not p.read_text().startswith(GENERATED)})
+    """README and every docs page the generator does not write, without the regions it writes into them."""
+    texts = {"README.md": without_generated(README.read_text())}
+    texts.update({p.relative_to(ROOT).as_posix(): without_generated(p.read_text()) for p in pages()
+                  if not p.read_text().startswith(GENERATED)})
     return texts
 
 
