@@ -23,6 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 LATEST = ROOT / "results" / "measurements" / "ci-latest.json"
 SLOWEST = 10
+LOW_COVERAGE = 80  # the modules below it are listed, with why (results/measurements/ci.toml)
 
 
 def run_ci(commit: str) -> str:
@@ -52,6 +53,8 @@ def figures(log: str, commit: str) -> dict:
     total = int(found(r"^ci: done in (\d+) s", "'ci: done' line")[1])
     coverage = found(r"Total coverage: ([\d.]+)%", "coverage total")[1]
     slowest = re.findall(r"^([\d.]+)s (?:call|setup|teardown)\s+(\S+)", log, flags=re.M)[:SLOWEST]
+    # coverage's table: name, statements, missed, percent
+    modules = [(name, float(percent)) for name, percent in re.findall(r"^((?:spot|spot_eval)/\S+\.py)\s+\d+\s+\d+\s+(\d+)%", log, flags=re.M)]
     pytest = float(summary[3])
     return {
         "bench": "ci_time", "date": time.strftime("%Y-%m-%d"), "commit": commit[:7], "machine": f"{_cores()}-core CPU, "
@@ -59,6 +62,7 @@ def figures(log: str, commit: str) -> dict:
         "skipped": int(summary[2] or 0), "coverage_percent": float(coverage), "pytest_seconds": round(pytest),
         "other_seconds": total - round(pytest), "total_seconds": total,
         "slowest": [[float(seconds), test] for seconds, test in slowest],
+        "below_80_percent": [[name, percent] for name, percent in modules if percent < LOW_COVERAGE],
     }
 
 

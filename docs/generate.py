@@ -235,9 +235,13 @@ def latest_run(path: Path) -> str:
     rows = [[run["date"], f"`{run['commit']}`", run["tests"], f"{run['coverage_percent']:.2f}%", f"{run['pytest_seconds']} s",
              f"{run['other_seconds']} s", f"{run['total_seconds']} s ({run['total_seconds'] // 60} min {run['total_seconds'] % 60} s)"]]
     slowest = [[f"{seconds:.1f} s", f"`{test}`"] for seconds, test in run["slowest"]]
+    why = tomllib.loads(path.with_name("ci.toml").read_text()).get("low_coverage", {})
+    low = [[f"`{name}`", f"{percent:.0f}%", why.get(name, "")] for name, percent in run.get("below_80_percent", [])]
     return (f"\n## The latest run\n\nMeasured {run['date']} on a {run['machine']}:\n\n```bash\npython bench/ci_time.py\n```\n\n"
             + table(["date", "commit", "tests", "coverage", "pytest", "installs, lint, docs", "total"], rows)
-            + f"\nIts {len(slowest)} slowest tests:\n\n" + table(["time", "test"], slowest))
+            + f"\nIts {len(slowest)} slowest tests:\n\n" + table(["time", "test"], slowest)
+            + ("\nThe modules below 80% coverage, and why (`pytest --cov` follows the test processes, not the commands and "
+               "sandboxed children they start):\n\n" + table(["module", "covered", "why"], low) if low else ""))
 
 
 def history_page(paths: list[Path]) -> str:

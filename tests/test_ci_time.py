@@ -18,6 +18,9 @@ LOG = """ci: chromium and actionlint ready after 3 s
 60.02s setup    tests/test_nightly.py::test_nightly
 4.10s call     tests/test_lm.py::test_console_script
 ---------- coverage: platform linux, python 3.11.7-final-0 -----------
+spot/engine.py                                    238      2    99%
+spot_eval/execution/launcher.py                   214    140    35%
+spot_eval/harness/parallel.py                      98     28    71%
 TOTAL                                            8252    445  94.60%
 Required test coverage of 93.6% reached. Total coverage: 94.60%
 945 passed, 2 skipped, 3 warnings in 604.17s (0:10:04)
@@ -32,6 +35,7 @@ def test_a_ci_log_gives_the_run_s_figures():
     assert (run["pytest_seconds"], run["other_seconds"], run["total_seconds"]) == (604, 66, 670)
     assert run["commit"] == "963d84d" and run["slowest"][0] == [66.31, "tests/test_parallel.py::test_two_processes"]
     assert len(run["slowest"]) == 3
+    assert run["below_80_percent"] == [["spot_eval/execution/launcher.py", 35.0], ["spot_eval/harness/parallel.py", 71.0]]
 
 
 def test_a_cut_log_is_refused_by_name():
