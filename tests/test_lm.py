@@ -59,6 +59,7 @@ def test_the_real_lm_eval_console_script_runs_every_task_offline_into_one_mlflow
     assert run.returncode == 0, run.stderr[-3000:]
     table = run.stdout.replace(" ", "")
     assert all(f"{name}|1|" in table for name in SPOT_TASKS), run.stdout  # lm-eval's table: every task scored
+    assert "|Tasks|Version|Filter|n-shot|Metric|" in table, run.stdout  # with its own headers (pyproject.toml)
     assert "draft_free" in run.stdout  # the spot model's own summary
     if not torch.cuda.is_available():
         [fallback] = [line for line in run.stderr.splitlines() if "device" in line and "usable" in line]
