@@ -236,7 +236,11 @@ def latest_run(path: Path) -> str:
              f"{run['other_seconds']} s", f"{run['total_seconds']} s ({run['total_seconds'] // 60} min {run['total_seconds'] % 60} s)"]]
     slowest = [[f"{seconds:.1f} s", f"`{test}`"] for seconds, test in run["slowest"]]
     why = tomllib.loads(path.with_name("ci.toml").read_text()).get("low_coverage", {})
-    low = [[f"`{name}`", f"{percent:.0f}%", why.get(name, "")] for name, percent in run.get("below_80_percent", [])]
+    unexplained = [name for name, _ in run.get("below_80_percent", []) if name not in why]
+    if unexplained:
+        raise SystemExit(f"docs/generate.py: {', '.join(unexplained)} below 80% coverage in {path.name} with no why: "
+                         "say why under [low_coverage] in results/measurements/ci.toml, or test it")
+    low = [[f"`{name}`", f"{percent:.0f}%", why[name]] for name, percent in run.get("below_80_percent", [])]
     return (f"\n## The latest run\n\nMeasured {run['date']} on a {run['machine']}:\n\n```bash\npython bench/ci_time.py\n```\n\n"
             + table(["date", "commit", "tests", "coverage", "pytest", "installs, lint, docs", "total"], rows)
             + f"\nIts {len(slowest)} slowest tests:\n\n" + table(["time", "test"], slowest)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 
 import pytest
@@ -41,3 +42,18 @@ def test_a_ci_log_gives_the_run_s_figures():
 def test_a_cut_log_is_refused_by_name():
     with pytest.raises(SystemExit, match="no 'ci: done' line"):
         CI_TIME.figures(LOG.replace("ci: done in 670 s", ""), "963d84d")
+
+
+def test_the_ci_page_says_why_each_low_module_is_low_and_refuses_one_with_no_why(tmp_path):
+    spec = importlib.util.spec_from_file_location("generate", Path(__file__).parent.parent / "docs" / "generate.py")
+    generate = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(generate)
+    run = CI_TIME.figures(LOG, "963d84d0123")
+    (tmp_path / "ci-latest.json").write_text(json.dumps(run))
+    (tmp_path / "ci.toml").write_text('[low_coverage]\n"spot_eval/execution/launcher.py" = "runs in the child"\n')
+    with pytest.raises(SystemExit, match="spot_eval/harness/parallel.py below 80% coverage .* say why under"):
+        generate.latest_run(tmp_path / "ci-latest.json")
+    (tmp_path / "ci.toml").write_text('[low_coverage]\n"spot_eval/execution/launcher.py" = "runs in the child"\n'
+                                      '"spot_eval/harness/parallel.py" = "runs under accelerate"\n')
+    page = generate.latest_run(tmp_path / "ci-latest.json")
+    assert "| `spot_eval/harness/parallel.py` | 71% | runs under accelerate |" in page
