@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import sys
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -190,3 +191,25 @@ def test_the_committed_reports_say_what_they_found_with_readable_figures(browser
     assert nightly["headings"][:2] == ["Verdict", "What the runs found"]
     assert re.match(r"spot-eval nightly 2026-\d\d-\d\d: suite example", nightly["title"])
     assert [i for i in nightly["images"] if "per nightly" in i["alt"]]  # the trend over the three nights
+
+
+def png_size(path: Path) -> tuple[int, int]:
+    header = path.read_bytes()[:24]
+    assert header[:8] == b"\x89PNG\r\n\x1a\n", path
+    return int.from_bytes(header[16:20], "big"), int.from_bytes(header[20:24], "big")
+
+
+@pytest.mark.slow
+def test_the_docs_report_pictures_are_taken_from_the_committed_reports(tmp_path, monkeypatch):
+    """docs/screenshots.py renders each committed report at 1,400 px into the picture the docs show."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("screenshots", COMMITTED.parent / "docs" / "screenshots.py")
+    screenshots = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, screenshots)  # its dataclass looks its module up there
+    spec.loader.exec_module(screenshots)
+    pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install '.[dev]')")
+    shots = tuple(screenshots.Shot(s.report, tmp_path / s.image.name, s.height) for s in screenshots.SHOTS)
+    taken = screenshots.take(shots, chromium())
+    for shot, committed, image in zip(shots, screenshots.SHOTS, taken, strict=True):
+        assert shot.report.is_file() and png_size(image) == png_size(committed.image) == (screenshots.WIDTH, shot.height)
