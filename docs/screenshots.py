@@ -30,16 +30,13 @@ SHOTS = (
 )
 
 
-def take(shots: tuple[Shot, ...], chromium: str) -> list[Path]:
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
-        page = browser.new_page(viewport={"width": WIDTH, "height": max(shot.height for shot in shots)})
-        for shot in shots:
-            page.goto(shot.report.as_uri(), wait_until="load")
-            page.screenshot(path=str(shot.image), clip={"x": 0, "y": 0, "width": WIDTH, "height": shot.height})
-        browser.close()
+def take(shots: tuple[Shot, ...], browser) -> list[Path]:
+    """Each shot's report in a new page of `browser` (Playwright's), clipped to its height and saved as its image."""
+    page = browser.new_page(viewport={"width": WIDTH, "height": max(shot.height for shot in shots)})
+    for shot in shots:
+        page.goto(shot.report.as_uri(), wait_until="load")
+        page.screenshot(path=str(shot.image), clip={"x": 0, "y": 0, "width": WIDTH, "height": shot.height})
+    page.close()
     return [shot.image for shot in shots]
 
 
@@ -53,7 +50,13 @@ def main(argv: list[str] | None = None) -> None:
     missing = [str(shot.report.relative_to(ROOT)) for shot in SHOTS if not shot.report.is_file()]
     if missing:
         sys.exit(f"docs/screenshots.py: no report at {', '.join(missing)}; regenerate it first (docs/tracking.md)")
-    for image in take(SHOTS, args.chromium):
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=args.chromium, args=["--no-sandbox"])
+        taken = take(SHOTS, browser)
+        browser.close()
+    for image in taken:
         print(image.relative_to(ROOT))
 
 

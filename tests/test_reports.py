@@ -200,7 +200,7 @@ def png_size(path: Path) -> tuple[int, int]:
 
 
 @pytest.mark.slow
-def test_the_docs_report_pictures_are_taken_from_the_committed_reports(tmp_path, monkeypatch):
+def test_the_docs_report_pictures_are_taken_from_the_committed_reports(browser, tmp_path, monkeypatch):
     """docs/screenshots.py renders each committed report at 1,400 px into the picture the docs show."""
     import importlib.util
 
@@ -208,8 +208,7 @@ def test_the_docs_report_pictures_are_taken_from_the_committed_reports(tmp_path,
     screenshots = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, spec.name, screenshots)  # its dataclass looks its module up there
     spec.loader.exec_module(screenshots)
-    pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install '.[dev]')")
     shots = tuple(screenshots.Shot(s.report, tmp_path / s.image.name, s.height) for s in screenshots.SHOTS)
-    taken = screenshots.take(shots, chromium())
+    taken = screenshots.take(shots, browser)
     for shot, committed, image in zip(shots, screenshots.SHOTS, taken, strict=True):
         assert shot.report.is_file() and png_size(image) == png_size(committed.image) == (screenshots.WIDTH, shot.height)
