@@ -277,11 +277,15 @@ def suites_section() -> str:
     found = suites()
     if not found:
         return "\nThe suites (`results/comparison/*.toml`) are not committed yet.\n"
-    rows = [[f"`{path.name}`", ", ".join(f"`{t}`" for t in s.get("tasks", [])), s.get("limit", "—"), f"`{s.get('methods', '')}`",
+    rows = [[f"`{path.name}`", ", ".join(f"`{t}`" for t in s.get("tasks", [])), s.get("limit", "—"),
              ", ".join(f"{t:g}" for t in s.get("temperatures", [])), ", ".join(map(str, s.get("seeds", []))),
              s.get("gen_length", "—"), f"`{s['model_args']}`" if s.get("model_args") else "—"] for path, _, s in found]
+    # A suite's methods are too many for a table cell: a line each, as the suite's `methods` joins them with `+`.
+    methods = "".join(f"- `{path.name}`: " + ", ".join(f"`{m}`" for m in s.get("methods", "").split("+") if m) + "\n"
+                      for path, _, s in found)
     return ("\nThe suites, as committed in `results/comparison/`:\n\n"
-            + table(["suite", "tasks", "limit", "methods", "T", "seeds", "gen length", "model_args"], rows)
+            + table(["suite", "tasks", "limit", "T", "seeds", "gen length", "model_args"], rows)
+            + "\nTheir methods (the suite's `methods`, joined with `+`):\n\n" + methods
             + f"\nHow they were run, from the header of `{found[0][0].relative_to(ROOT).as_posix()}`:\n\n"
             + f"```text\n{found[0][1]}\n```\n\nThen `python docs/generate.py` writes this page and the README's table.\n")
 
