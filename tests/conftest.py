@@ -6,6 +6,7 @@ import functools
 import json
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -223,6 +224,14 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def chromium() -> str:
+    """The Chromium the browser tests drive (Playwright launches it; no browser is downloaded); skips the test without one."""
+    found = os.environ.get("SPOT_EVAL_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
+    if not found:
+        pytest.skip("Chromium is not installed (apt-get install chromium, or set SPOT_EVAL_CHROMIUM); .ci/run installs it")
+    return found
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

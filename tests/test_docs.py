@@ -8,7 +8,6 @@ import dataclasses
 import importlib.util
 import os
 import re
-import shutil
 import subprocess
 import sys
 from html.parser import HTMLParser
@@ -17,6 +16,7 @@ from urllib.parse import unquote, urlsplit
 
 import pytest
 import yaml
+from conftest import chromium
 
 from spot_eval.cli import COMMANDS, DOCS, DOCS_PAGES, build_parser
 
@@ -273,11 +273,9 @@ def test_site_builds_strictly_and_every_link_resolves(site):
 def test_every_page_renders_in_chromium_with_nothing_missing(site):
     site, build = site
     assert build.returncode == 0, build.stdout + build.stderr
-    chromium = os.environ.get("SPOT_EVAL_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
-    if not chromium:
-        pytest.skip("Chromium is not installed (apt-get install chromium, or set SPOT_EVAL_CHROMIUM); .ci/run installs it")
+    executable = chromium()
     pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install '.[dev]')")
     spec = importlib.util.spec_from_file_location("docs_browser_check", DOCS_DIR / "browser_check.py")
     browser_check = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(browser_check)
-    assert browser_check.check(site, chromium, None) == []
+    assert browser_check.check(site, executable, None) == []

@@ -12,13 +12,11 @@ clicked once, is remembered by the browser, which then opens the run's page unde
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
 import time
 
 import pytest
-from conftest import lm_eval_spot, write_checkpoint
+from conftest import chromium, lm_eval_spot, write_checkpoint
 from mlflow import MlflowClient
 
 from spot_eval.tracking.writer import NOTE, VIEW_TAG
@@ -26,13 +24,6 @@ from spot_eval.tracking.writer import NOTE, VIEW_TAG
 HEADLINE = ("fwd_x", "tput_x", "lossless")
 ACCURACY = ("spot_gsm8k/exact_match_strict-match", "spot_gsm8k/exact_match_flexible-extract")
 DESCRIPTION_LINK = "Open the runs table with the headline columns"
-
-
-def chromium() -> str:
-    found = os.environ.get("SPOT_EVAL_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
-    if not found:
-        pytest.skip("Chromium is not installed (apt-get install chromium, or set SPOT_EVAL_CHROMIUM); .ci/run installs it")
-    return found
 
 
 def noise(text: str, url: str) -> bool:

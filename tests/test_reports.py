@@ -4,15 +4,14 @@ no console error, every image loaded, Table 2 with a row per method and a column
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
 import sys
 from pathlib import Path
 
 import matplotlib.pyplot as plt
 import pandas as pd
 import pytest
+from conftest import chromium
 
 from spot_eval.reports import plots
 from spot_eval.reports.compare import write_comparison
@@ -95,13 +94,6 @@ def test_a_method_has_one_style_in_every_figure():
 
 
 # -- the pages in a browser -------------------------------------------------------------------------------
-
-
-def chromium() -> str:
-    found = os.environ.get("SPOT_EVAL_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
-    if not found:
-        pytest.skip("Chromium is not installed (apt-get install chromium, or set SPOT_EVAL_CHROMIUM); .ci/run installs it")
-    return found
 
 
 @pytest.fixture(scope="module")
