@@ -15,6 +15,7 @@ Usage: python bench/scoring_time.py [--before 170dc65] [--repeats 3] [--limit N 
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import statistics
@@ -65,7 +66,7 @@ def measure(side: str, limit: int | None) -> list[dict]:
 
 def old_tree(revision: str, into: Path) -> Path:
     archive = subprocess.run(["git", "-C", str(ROOT), "archive", revision, "spot_eval"], capture_output=True, check=True)
-    with tarfile.open(fileobj=__import__("io").BytesIO(archive.stdout)) as tar:
+    with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
         tar.extractall(into, filter="data")
     return into
 

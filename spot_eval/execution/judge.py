@@ -120,9 +120,9 @@ class Channel:
         self.crossings: set[str] = set()
         self.left: str | None = None  # why the program's side is gone, once it is
 
-    def handle(self, number: int, named: bool = False) -> Handle:
+    def handle(self, number: int) -> Handle:
         if number not in self.handles:
-            self.handles[number] = Handle(self, number, named)
+            self.handles[number] = Handle(self, number, False)
         return self.handles[number]
 
     def _number(self, value: object) -> int:

@@ -133,9 +133,13 @@ def confinement() -> Confinement:
     return granted
 
 
+# Both processes' interpreter: isolated (no user site, no PYTHON* variables), no site module, no bytecode written.
+_PYTHON = (sys.executable, "-I", "-S", "-B")
+
+
 def command(script: Path, limits: Limits, fds: tuple[int, int, int]) -> list[str]:
     """The child's command line (bench/sandbox_syscalls.py runs it under strace to derive the allow list)."""
-    argv = [sys.executable, "-I", "-S", "-B", str(_LAUNCHER), *map(str, fds), str(math.ceil(limits.timeout_s))]
+    argv = [*_PYTHON, str(_LAUNCHER), *map(str, fds), str(math.ceil(limits.timeout_s))]
     return argv + [str(limits.memory_bytes), str(limits.file_bytes), str(limits.disk_bytes), str(script)]
 
 
@@ -158,7 +162,7 @@ def _run(program: str, limits: Limits, tests: Tests) -> tuple[Outcome, Confineme
         reply_r, reply_w = os.pipe()
         try:
             child = _spawn(command(script, limits, (report_w, call_r, reply_w)), workdir, stderr, (report_w, call_r, reply_w))
-            judge = _spawn([sys.executable, "-I", "-S", "-B", str(_JUDGE), str(call_w), str(reply_r)], workdir,
+            judge = _spawn([*_PYTHON, str(_JUDGE), str(call_w), str(reply_r)], workdir,
                            subprocess.PIPE, (call_w, reply_r), stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         finally:
             for fd in (report_w, call_r, reply_w, call_w, reply_r):

@@ -70,8 +70,7 @@ def _encode(x: object, out: list[bytes], reference: Callable[[object], int] | No
     elif t is complex:
         out += [COMPLEX, _COMPLEX.pack(x.real, x.imag)]
     elif t is str:
-        data = x.encode("utf-8", "surrogatepass")
-        out += [STR, _LEN.pack(len(data)), data]
+        out += [STR, _str_bytes(x)]
     elif t is bytes:
         out += [BYTES, _LEN.pack(len(x)), x]
     elif t is list or t is tuple or t is set or t is frozenset or t is dict:
@@ -106,7 +105,6 @@ def _container(x, t: type, out: list[bytes], reference, depth: int) -> None:
 
 _TAGS = {list: LIST, tuple: TUPLE, set: SET, frozenset: FROZENSET}
 _ITER = {list: list.__iter__, tuple: tuple.__iter__, set: set.__iter__, frozenset: frozenset.__iter__}
-# Checked in this order: bool before int (bool cannot be subclassed, so a subclass of int is never a bool).
 _BASES = (int, float, complex, str, bytes, list, tuple, dict, frozenset, set)
 
 
