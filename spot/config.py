@@ -17,10 +17,8 @@ POLICIES = ("single", "threshold", "static", "dynamic", "timestep")
 SCHEDULED = ("static", "dynamic")  # the policies that follow SDAR's per-step commit counts (`steps`)
 STEPPED = (*SCHEDULED, "timestep")  # the policies that take `steps`
 DREAM_EPS = 1e-3  # the last timestep of Dream's schedule, linspace(1, eps, steps + 1) (its generation_config default)
-# The reference-rule options and their defaults: what a drafter trained under the defaults has not seen.
-DEFAULT_RULE = {"confidence": "probability", "mask_in_softmax": False, "first_token_commit": False, "alg_temp": 0.0,
-                "capped": False, "confidence_dtype": "float64", "eps": DREAM_EPS}
-RULE_FIELDS = tuple(DEFAULT_RULE)
+# The reference-rule options: away from their defaults, what a drafter trained under the defaults has not seen.
+RULE_FIELDS = ("confidence", "mask_in_softmax", "first_token_commit", "alg_temp", "capped", "confidence_dtype", "eps")
 ACCEPTANCES = ("exact", "max_commit")  # how the walk follows the target down a draft tree (spot.acceptance)
 CONFIDENCES = ("probability", "margin", "entropy", "random")  # what ranks the masked positions (spot.policy.confidence_of)
 CONFIDENCE_DTYPES = ("float64", "model")  # what the confidences are computed and ranked in (spot.policy.propose)
@@ -254,7 +252,8 @@ class DecodeConfig:
     def rule(self) -> dict[str, object]:
         """The reference-rule options that differ from the defaults (those that change which position a step
         commits): what a drafter trained under the defaults has not seen, though it stays lossless under them."""
-        return {name: getattr(self, name) for name in RULE_FIELDS if getattr(self, name) != DEFAULT_RULE[name]}
+        defaults = self.__dataclass_fields__
+        return {name: getattr(self, name) for name in RULE_FIELDS if getattr(self, name) != defaults[name].default}
 
     def commit_count(self, step: int, masked: int | None = None) -> int:
         """k_s: how many of the most confident masked positions step `step` of a block commits (at

@@ -23,7 +23,7 @@ import torch
 
 from spot.config import DecodeConfig
 from spot.drafters.base import DraftContext, Drafter
-from spot.noise import gumbel, step_key
+from spot.noise import block_noise, silent
 from spot.policy import decide
 from spot.sizing import VerifyCost
 from spot.targets.base import Target
@@ -90,11 +90,7 @@ def measure_drafter(drafter: Drafter, target: Target, config: DecodeConfig, mode
     state = root.clone()
     state[0] = int(stale[0].argmax())
 
-    def noise(step: int) -> torch.Tensor | None:
-        if not config.noisy:
-            return None
-        return gumbel(step_key(config.seed, 0, 1, step), k, target.vocab_size, target.device)
-
+    noise = block_noise(config.seed, 0, 1, k, target.vocab_size, target.device) if config.noisy else silent
     ctx = DraftContext(state, stale, root, stale, config, target.mask_id, 0, 1, 1, config.budget, noise, mode,
                        model_dtype=target.logits_dtype)
     drafter.draft(ctx)  # warm-up

@@ -43,7 +43,7 @@ import torch
 from spot.acceptance import Acceptance, acceptance_of
 from spot.config import DecodeConfig
 from spot.drafters.base import DraftContext, Drafter, draft_all
-from spot.noise import block_noise
+from spot.noise import block_noise, silent
 from spot.policy import Proposal, topk_logprobs
 from spot.sizing import ForwardTiming, Plan, Sizing
 from spot.stopping import cut_at_stop
@@ -490,16 +490,17 @@ class _Block:
     def open(cls, run: _Run, canvas: _Canvas, index: int, carried: _Verified | None, keep: _Keep) -> _Block:
         target, config, k = run.target, run.config, canvas.k
         start, n_prompt = canvas.start(index), canvas.prompt.numel()
+        prompt_here = max(n_prompt - start, 0)  # a partial prompt block's prompt positions are never masked
         state = torch.full((k,), target.mask_id, dtype=torch.long)
-        state[: max(n_prompt - start, 0)] = canvas.prompt[start:n_prompt]  # a partial prompt block is never masked
+        state[:prompt_here] = canvas.prompt[start:n_prompt]
         noise = (block_noise(config.seed, run.request, index, target.block_length, target.vocab_size, target.device)
-                 if config.noisy else _silent)
+                 if config.noisy else silent)
         rule = StepRule(config, target.mask_id, noise, keep.margins, where=f"request {run.request}, block {index}, ",
                         model_dtype=target.logits_dtype)
         plan = Plan(None, config.budget) if run.sizing is None else run.sizing.plan(start, config.budget)
         following = (torch.full((k,), target.mask_id, dtype=torch.long)
                      if config.cross_block and index + 1 < canvas.blocks else None)
-        return cls(index, start, max(n_prompt - start, 0), min(canvas.end - start, k), rule, plan,
+        return cls(index, start, prompt_here, min(canvas.end - start, k), rule, plan,
                    _Recorder(index, keep.topk, keep.margins, keep.hidden, target.mask_id), run.eos, [state],
                    carried=carried, following=following)
 
@@ -532,11 +533,6 @@ class _Block:
             self.prior = self.prior.clone()  # a row of the previous forward's logits: keep the row, free the rest
         if out.cross is not None and self.done(self.state) and torch.equal(out.cross[0, : len(self.state)], self.state):
             self.handed = _Verified(out.logits[-1:], out.hidden[-1:])  # verified behind this block's last state
-
-
-def _silent(step: int) -> None:
-    """The noise of a config that reads none (T = 0, no random order, no alg_temp)."""
-    return None
 
 
 class _Recorder:

@@ -88,3 +88,8 @@ def block_noise(seed: int, request: int, block: int, block_length: int, vocab_si
         return made[step]
 
     return at
+
+
+def silent(step: int) -> None:
+    """The noise of a config that reads none (T = 0, no random order, no alg_temp): `block_noise`'s stand-in."""
+    return None

@@ -145,6 +145,14 @@ def ranked(masked: torch.Tensor, confidence: torch.Tensor) -> torch.Tensor:
     return torch.sort(score, descending=True, stable=True).indices[: int(masked.sum())]
 
 
+def ranked_picks(config: DecodeConfig, step: int, masked_left: int, committed: int) -> int:
+    """How many of the ranking's top positions decided step `step` that committed `committed` of `masked_left`:
+    its commit count (at least one: a timestep step may commit none), or the cap where the cap may have bound."""
+    if config.cap(step, masked_left) == committed:
+        return committed
+    return max(config.commit_count(step, masked_left), 1)
+
+
 def select(masked: torch.Tensor, confidence: torch.Tensor, config: DecodeConfig, step: int = 0) -> torch.Tensor:
     """Which masked positions step `step` of a block commits (DecodeConfig.policy says how).
 
@@ -255,9 +263,7 @@ class Margins:
         committed = masked & (after != mask_id)
         log_c = proposal.confidence.to(before.device, torch.float64).log()  # [K]
         order = ranked(masked, log_c)  # [M]
-        k = max(config.commit_count(step, len(order)), 1)  # a timestep step may commit none
-        if config.cap(step, len(order)) == int(committed.sum()):  # the cap may have bound: the ranking at it decided
-            k = int(committed.sum())
+        k = ranked_picks(config, step, len(order), int(committed.sum()))
         position = float(log_c[order[k - 1]] - log_c[order[k]]) if len(order) > k else None
         threshold = None
         if config.policy in ("threshold", "dynamic"):

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from spot import DecodeConfig, Generation
-from spot.policy import Margins, Proposal, ranked, threshold_as_met
+from spot.policy import Margins, Proposal, ranked, ranked_picks, threshold_as_met
 
 
 @dataclass(frozen=True)
@@ -152,9 +152,7 @@ def flip(
         tau = threshold_as_met(config.threshold, proposal.confidence.dtype)
         return "threshold", float((log_c[crossed] - math.log(tau)).abs().min())
     order = ranked(masked, log_c)
-    k = max(config.commit_count(step, len(order)), 1)
-    if config.cap(step, len(order)) == int(ours.sum()):  # the cap may have bound: its last pick decided
-        k = int(ours.sum())
+    k = ranked_picks(config, step, len(order), int(ours.sum()))
     last_pick = order[min(k, len(order)) - 1]
     return "position", float(log_c[last_pick] - log_c[theirs & ~ours].max())
 
