@@ -8,6 +8,7 @@ Run it after regenerating either report; needs Playwright and a Chromium.
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import sys
 from dataclasses import dataclass
@@ -42,8 +43,8 @@ def take(shots: tuple[Shot, ...], browser) -> list[Path]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--chromium", default=shutil.which("chromium") or shutil.which("chromium-browser"),
-                        help="the Chromium to drive (default: chromium on PATH)")
+    parser.add_argument("--chromium", help="the Chromium to drive (default: $SPOT_EVAL_CHROMIUM, as the tests, else chromium on PATH)",
+                        default=os.environ.get("SPOT_EVAL_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser"))
     args = parser.parse_args(argv)
     if not args.chromium:
         sys.exit("docs/screenshots.py: no Chromium found; apt-get install chromium, or pass --chromium PATH")

@@ -255,6 +255,11 @@ class DecodeConfig:
         defaults = self.__dataclass_fields__
         return {name: getattr(self, name) for name in RULE_FIELDS if getattr(self, name) != defaults[name].default}
 
+    def verify_pieces(self, budget: int) -> int:
+        """The pieces of one verify forward with `budget` drafted nodes: the root and each node, and under
+        cross_block 2 more (a cross piece holds two blocks)."""
+        return budget + 1 + (2 if self.cross_block else 0)
+
     def commit_count(self, step: int, masked: int | None = None) -> int:
         """k_s: how many of the most confident masked positions step `step` of a block commits (at
         least; the threshold rules may add more). SDAR's get_num_transfer_tokens: block_length // steps

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from spot.config import DecodeConfig
 from spot_eval.harness.options import add_flags, build, given, options
-from spot_eval.harness.settings import MAX_BUDGET, TargetSettings
+from spot_eval.harness.settings import MAX_BUDGET, TargetSettings, resolve_target
 
 
 @dataclass(frozen=True)
@@ -31,17 +31,6 @@ def _target_flags(p: argparse.ArgumentParser) -> None:
     settings of TargetSettings and the decoder's block length, under lm_eval's model_args names."""
     add_flags(p, options(TargetSettings), only=("pretrained", "revision", "device", "dtype", "cache"))
     add_flags(p, options(DecodeConfig), only=("block_length",))
-
-
-def _target(args: argparse.Namespace) -> tuple[str, str, object]:
-    """The checkpoint directory (a hub id resolved through the HF cache), the device and the dtype, checked."""
-    from spot_eval.checkpoints.target import resolve_checkpoint
-    from spot_eval.harness.settings import check_cache, resolve_device, resolve_dtype
-
-    device = resolve_device("--device", args.device)
-    dtype = resolve_dtype("--dtype", args.dtype, device)
-    check_cache("--cache", args.cache)
-    return str(resolve_checkpoint(args.pretrained, args.revision, option="--pretrained")), device, dtype
 
 
 def _threads_flag(p: argparse.ArgumentParser, text: str | None = None) -> None:
@@ -111,7 +100,7 @@ def _profile(args: argparse.Namespace) -> None:
     from spot_eval.harness.profile import cache_dir, profile_key, verify_profile
 
     _set_threads(args)
-    path, device, dtype = _target(args)
+    path, device, dtype = resolve_target(args)
     target = load_target(path, args.block_length, device, args.exact, dtype, args.cache)
     profile = verify_profile(target, remeasure=args.remeasure)
     print(json.dumps({**profile.to_dict(), "file": str(cache_dir() / f"{profile_key(target).digest()}.json")}))
@@ -264,7 +253,7 @@ def _collect(args: argparse.Namespace) -> None:
     from spot_eval.training.collect import collect
 
     _set_threads(args)
-    path, device, dtype = _target(args)
+    path, device, dtype = resolve_target(args)
     result = collect(
         target=path,
         dtype=dtype,
@@ -355,7 +344,7 @@ def _spiffy_calibrate(args: argparse.Namespace) -> None:
     from spot_eval.training.spiffy_calibrate import calibrate
 
     _set_threads(args)
-    path, device, dtype = _target(args)
+    path, device, dtype = resolve_target(args)
     result = calibrate(
         target=path,
         dtype=dtype,

@@ -24,7 +24,14 @@ class FileKind:
     command: str  # the spot-eval command that makes it
 
     def matches(self, head: bytes) -> bool:
+        """Whether `head` (a file's first bytes, `file_head`) starts a file of this kind."""
         return (head.lstrip() if self.magic == b"{" else head).startswith(self.magic)
+
+
+def file_head(path: Path) -> bytes:
+    """The first bytes of a file, enough for `FileKind.matches` (a drafter file may be tens of MB)."""
+    with path.open("rb") as f:
+        return f.read(16)
 
 
 @dataclass(frozen=True)
@@ -132,7 +139,7 @@ def _sets(b: Build) -> Drafter:
     from spot_eval.checkpoints.set_model import set_model_for_target
     from spot_eval.checkpoints.set_predictor import set_predictor_for_target
 
-    learned = SET_MODEL.matches(b.path.read_bytes()[:16])
+    learned = SET_MODEL.matches(file_head(b.path))
     return SetsDrafter((set_model_for_target if learned else set_predictor_for_target)(b.target, b.policy, b.threshold, b.path))
 
 
@@ -160,11 +167,6 @@ FAMILIES = (
 )
 BY_NAME = {f.name: f for f in FAMILIES}
 METHODS = tuple(f.name for f in FAMILIES if f.build is not None)  # what `methods=` may name
-
-
-def family(name: str) -> Family:
-    """The family of a method name or label (`spot@8` -> SPOT's)."""
-    return BY_NAME[name.partition("@")[0]]
 
 
 def build_drafter(name: str, b: Build, rule: dict | None = None) -> Drafter:

@@ -50,10 +50,8 @@ def test_the_ci_page_says_why_each_low_module_is_low_and_refuses_one_with_no_why
     spec.loader.exec_module(generate)
     run = CI_TIME.figures(LOG, "963d84d0123")
     (tmp_path / "ci-latest.json").write_text(json.dumps(run))
-    (tmp_path / "ci.toml").write_text('[low_coverage]\n"spot_eval/execution/launcher.py" = "runs in the child"\n')
+    explained = {"spot_eval/execution/launcher.py": "runs in the child"}
     with pytest.raises(SystemExit, match="spot_eval/harness/parallel.py below 80% coverage .* say why under"):
-        generate.latest_run(tmp_path / "ci-latest.json")
-    (tmp_path / "ci.toml").write_text('[low_coverage]\n"spot_eval/execution/launcher.py" = "runs in the child"\n'
-                                      '"spot_eval/harness/parallel.py" = "runs under accelerate"\n')
-    page = generate.latest_run(tmp_path / "ci-latest.json")
+        generate.latest_run(tmp_path / "ci-latest.json", explained)
+    page = generate.latest_run(tmp_path / "ci-latest.json", {**explained, "spot_eval/harness/parallel.py": "runs under accelerate"})
     assert "| `spot_eval/harness/parallel.py` | 71% | runs under accelerate |" in page

@@ -6,19 +6,12 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from spot import DecodeConfig, generate
-from spot_eval.checkpoints.target import encode_prompt, load_target, read_target, resolve_checkpoint
+from spot_eval.checkpoints.target import encode_prompt, load_target, read_target
 from spot_eval.families import METHODS
 from spot_eval.harness.methods import AUTO, MethodSpec, build_drafter, drafter_file
 from spot_eval.harness.options import build, options, values_of
 from spot_eval.harness.profile import auto_sizing, drafter_seconds
-from spot_eval.harness.settings import (
-    MAX_BUDGET,
-    TargetSettings,
-    check_budgets,
-    check_cache,
-    resolve_device,
-    resolve_dtype,
-)
+from spot_eval.harness.settings import MAX_BUDGET, TargetSettings, check_budgets, resolve_target
 
 DRAFT_FREE = "draft_free"
 
@@ -54,10 +47,7 @@ def decode_prompt(
     if method != DRAFT_FREE and budget < 1:
         raise ValueError(f"method {method} needs --budget >= 1 (draft nodes per verify forward) or auto, got {budget}")
     # Everything is checked before the weights load.
-    device = resolve_device("--device", target.device)
-    dtype = resolve_dtype("--dtype", target.dtype, device)
-    check_cache("--cache", target.cache)
-    path = resolve_checkpoint(target.pretrained, target.revision, option="--pretrained")
+    path, device, dtype = resolve_target(target)
     checkpoint = read_target(path)  # the one parse of the checkpoint (load_target below takes it)
     block_length = decoder.get("block_length")
     config = build(DecodeConfig, decoder, budget=budget,
@@ -67,7 +57,7 @@ def decode_prompt(
         drafter_file(spec, config.block_length, config.policy)
         config = spec.config(config)  # a lossy method's acceptance rule, checked against the policy
     if spec is not None and not auto:
-        check_budgets({spec.label: budget + 1 + (2 if config.cross_block else 0)}, config.block_length,
+        check_budgets({spec.label: config.verify_pieces(budget)}, config.block_length,
                       checkpoint.info.vocab_size, dtype, device)
     model = load_target(checkpoint, block_length, device, target.exact, dtype, target.cache)
     ids = encode_prompt(model, prompt, chat)

@@ -89,9 +89,8 @@ class SpotLM(LM):
             spec.config(self.config)  # a lossy method's acceptance rule is checked against the policy here
         settings.check_output_dir("output_dir", args.output_dir)
         settings.check_cache("cache", args.cache)
-        cross = 2 if self.config.cross_block else 0  # a cross piece holds two blocks
-        settings.check_budgets({s.label: s.budget + 1 + cross for s in self.specs if not s.auto}, block_length,
-                               checkpoint.info.vocab_size, dtype, device)
+        settings.check_budgets({s.label: self.config.verify_pieces(s.budget) for s in self.specs if not s.auto},
+                               block_length, checkpoint.info.vocab_size, dtype, device)
         if self.ranks.main:  # a tracking server that does not answer: said now, in one line, with the way back
             announce_unreachable(TrackingConfig(args.mlflow_tracking_uri, args.mlflow_experiment))
         if args.threads is not None:
@@ -103,7 +102,7 @@ class SpotLM(LM):
                                                  rule=self.config.rule)
                           for s in self.specs if not s.needs_reference}
         self._sizings, profile = self._auto_sizings()
-        pieces = max([s.budget for s in self.specs], default=0) + 1 + (2 if self.config.cross_block else 0)
+        pieces = self.config.verify_pieces(max([s.budget for s in self.specs], default=0))
         self.batch_size = settings.resolve_batch_size(batching, self.target, self.config.gen_length, pieces)
         self._target_id = target_id(args.pretrained, path)
         # One MLflow run for the whole evaluation: rank 0's; the other ranks hand their records to it.

@@ -7,7 +7,7 @@ position crossing tau), and how near that decision was in the draft-free run (`s
 A layout whose logits are off by at most delta can only flip a decision within `Margins.bounds`
 (README, "Exactness"); a divergence beyond them is a bug.
 
-A lossy method (spot_eval.harness.methods.LOSSY: max-commit) differs from draft-free by design: the
+A lossy method (spot_eval.families.Family.lossy: max-commit) differs from draft-free by design: the
 same diff runs and its divergences are reported as rates, never as bugs (`MethodRecord.lossy`).
 """
 

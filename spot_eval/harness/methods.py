@@ -23,7 +23,7 @@ from spot.drafters import Drafter
 from spot_eval import families
 from spot_eval.checkpoints.shipped import shipped_drafter, shipped_policies
 from spot_eval.checkpoints.spiffy_graph import load_graph
-from spot_eval.families import BY_NAME, METHODS, SPIFFY_GRAPH, Build, Family
+from spot_eval.families import BY_NAME, METHODS, SPIFFY_GRAPH, Build, Family, file_head
 from spot_eval.harness.settings import MAX_BUDGET, as_int
 
 AUTO = tuple(f.name for f in families.FAMILIES if f.auto)  # the drafters that know their reach (budget=auto)
@@ -115,8 +115,7 @@ def drafter_file(spec: MethodSpec, block_length: int, policy: str) -> Path | Non
             f"(spot-eval collect, then {' or '.join(kind.command for kind in kinds)}) and pass it "
             f"(lm_eval: methods={spec.name}:PATH; spot-eval decode: --drafter PATH)"
         )
-    with path.open("rb") as f:
-        head = f.read(16)
+    head = file_head(path)
     if not any(kind.matches(head) for kind in kinds):
         wanted = " or ".join(f"{kind.what} ({kind.suffix}, spot-eval {kind.command})" for kind in kinds)
         raise ValueError(f"{path} is not {wanted}, which method {spec.name} reads; pass such a file or pick the method it belongs to")

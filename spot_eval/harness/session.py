@@ -39,7 +39,7 @@ from spot_eval.harness.lossless import Divergence, MethodRecord
 from spot_eval.harness.parallel import ONE_PROCESS, Ranks
 from spot_eval.harness.registration import say_last
 from spot_eval.harness.rescore import score_texts
-from spot_eval.reports.plots import accepted_histogram, grouped_bars, throughput_bars
+from spot_eval.reports.plots import accepted_histogram, forward_bars, throughput_bars
 from spot_eval.reports.regression import describe, lossy_accuracy
 from spot_eval.reports.results import RATIOS, summarize
 from spot_eval.tracking.writer import InputDataset, Tracker, safe_name
@@ -308,9 +308,7 @@ class Session:
                 if (table.label != "draft_free").any():
                     ran = table.assign(temperature=float(self.args.temperature))  # the figures' panel title
                     throughput_bars(ran, out / "throughput_ratio.png")
-                    forward = ran.rename(columns={"forward_ratio": "forward_mean"})
-                    grouped_bars(forward, "forward", out / "forward_ratio.png", "forwards × over draft-free",
-                                 "target forwards saved (same requests): the hardware-independent saving")
+                    forward_bars(ran, out / "forward_ratio.png")
                 accepted_histogram(frame, out / "accepted_lengths.png")
 
             self._write(plots)

@@ -159,6 +159,17 @@ def resolve_dtype(name: str, value: str, device: str) -> torch.dtype:
     return DTYPES[value]
 
 
+def resolve_target(target: TargetSettings) -> tuple[Path, str, torch.dtype]:
+    """The checkpoint directory (a hub id resolved through the HF cache), the device and the dtype of `target`
+    (or of the command line's flags of the same names), each checked before any weights load."""
+    from spot_eval.checkpoints.target import resolve_checkpoint  # torch and transformers: not at import
+
+    device = resolve_device("--device", target.device)
+    dtype = resolve_dtype("--dtype", target.dtype, device)
+    check_cache("--cache", target.cache)
+    return resolve_checkpoint(target.pretrained, target.revision, option="--pretrained"), device, dtype
+
+
 def check_output_dir(name: str, path: str | Path | None) -> None:
     """The run directory can be made and written: not an existing file, and under a folder where a directory can
     really be made (tried, and removed again: permission bits say nothing for root, nor for /proc or a read-only
@@ -181,7 +192,7 @@ def check_output_dir(name: str, path: str | Path | None) -> None:
 def check_budgets(budgets: dict[str, int], block_length: int, vocab_size: int, dtype: torch.dtype, device: str) -> None:
     """Refuse, before the weights load, a budget whose verify could not fit in the device's free memory for any
     target (spot.targets.memory.pieces_bound: its logits alone); the engine checks the exact figure per request.
-    budgets: label -> the pieces one verify holds (budget + 1, and 2 more for a cross piece)."""
+    budgets: label -> the pieces one verify holds (DecodeConfig.verify_pieces)."""
     room = pieces_bound(block_length, vocab_size, torch.empty((), dtype=dtype).element_size(), torch.device(device))
     for label, pieces in budgets.items():
         if pieces > room:

@@ -84,8 +84,7 @@ def rival_verdicts(table: pd.DataFrame) -> list[str]:
     for (t, policy, n), group in table.groupby(["temperature", "policy", "budget"], sort=True):
         cell = group.set_index(["task", "label"]).forward_mean
         trained, free = f"{TRAINED.get(policy, '')}@{n}", f"{FREE}@{n}"
-        tasks = sorted({task for task, label in cell.index if label in (trained, free)}
-                       & {task for task, label in cell.index if label == free} & {task for task, label in cell.index if label == trained})
+        tasks = sorted({task for task, label in cell.index if label == free} & {task for task, label in cell.index if label == trained})
         if not tasks:
             continue
         behind = [task for task in tasks if cell[(task, free)] > cell[(task, trained)]]

@@ -91,6 +91,13 @@ def throughput_bars(summary: pd.DataFrame, path: Path) -> Path:
     return grouped_bars(numbers, "throughput", path, "throughput × over draft-free", "wall-clock speed-up (same requests, same process)")
 
 
+def forward_bars(summary: pd.DataFrame, path: Path) -> Path:
+    """One run's target-forward ratio per task and method (summary: as throughput_bars reads it)."""
+    numbers = summary.assign(temperature=summary.get("temperature", 0.0)).rename(columns={"forward_ratio": "forward_mean"})
+    return grouped_bars(numbers, "forward", path, "forwards × over draft-free",
+                        "target forwards saved (same requests): the hardware-independent saving")
+
+
 BOUND = "oracle"  # the perfect-order replay: the true future, budget + 1 steps a verify
 
 
