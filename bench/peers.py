@@ -37,8 +37,9 @@ TRAINED = {"single": "spot", "threshold": "sets"}  # the trained drafter each po
 SPIFFY_D = 3  # Spiffy's D*, its paper's default
 
 
-def methods(target, policy: str, budgets: list[int], temperature: float, reference) -> dict[str, tuple[int, object]]:
-    """label -> (budget, drafter) for one prompt (the oracle reads the prompt's draft-free trajectory)."""
+def methods(target, policy: str, budgets: list[int], temperature: float) -> dict[str, tuple[int, object | None]]:
+    """label -> (budget, drafter), built once for every prompt; None for the oracle, which reads each prompt's own
+    draft-free trajectory."""
     # Spiffy at its paper's D* = 3: v4's online pruning against v1's calibrated order, on the same graph.
     out = {f"{name}@{SPIFFY_D}": (SPIFFY_D, build_drafter(MethodSpec(name, SPIFFY_D), target, policy)) for name in ("spiffy", "spiffy_v1")}
     for n in budgets:
@@ -46,7 +47,7 @@ def methods(target, policy: str, budgets: list[int], temperature: float, referen
         out[f"freedave@{n}"] = n, FreeDaveDrafter()
         if temperature > 0:
             out[f"freedave_reused@{n}"] = n, FreeDaveDrafter(name="freedave_reused", reuse_sample=True)
-        out[f"oracle@{n}"] = n, OracleDrafter(reference.trajectory)
+        out[f"oracle@{n}"] = n, None
     return out
 
 
@@ -54,13 +55,14 @@ def measure(target, prompts: list[list[int]], task: str, policy: str, temperatur
     config = DecodeConfig(policy=policy, threshold=0.9, block_length=target.block_length, gen_length=gen,
                           sampling=Sampling(temperature), seed=1)
     per: dict[str, list[tuple[int, float, bool]]] = {}
+    drafters = methods(target, policy, budgets, temperature)
+    labels = list(drafters)
     for i, ids in enumerate(prompts):
         reference = generate(target, ids, config, request=i, record=True)
         runs = {"draft_free": (reference.stats.forwards, reference.stats.seconds, True)}
-        drafters = methods(target, policy, budgets, temperature, reference)
-        labels = list(drafters)
         for label in labels[i % len(labels):] + labels[: i % len(labels)]:
             budget, drafter = drafters[label]
+            drafter = drafter or OracleDrafter(reference.trajectory)
             got = generate(target, ids, replace(config, budget=budget), drafter=drafter, request=i)
             runs[label] = got.stats.forwards, got.stats.seconds, got.token_ids == reference.token_ids
         for label, run in runs.items():
