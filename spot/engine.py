@@ -32,6 +32,7 @@ Shapes: K block length, V vocabulary, N draft nodes.
 
 from __future__ import annotations
 
+import copy
 import math
 import time
 from collections import deque
@@ -42,7 +43,7 @@ import torch
 
 from spot.acceptance import Acceptance, acceptance_of
 from spot.config import DecodeConfig
-from spot.drafters.base import DraftContext, Drafter, draft_all
+from spot.drafters.base import DraftContext, Drafter, checked, draft_all
 from spot.noise import block_noise, silent
 from spot.policy import Proposal, topk_logprobs
 from spot.sizing import ForwardTiming, Plan, Sizing
@@ -146,10 +147,10 @@ class _Draft:
 
 @dataclass(frozen=True)
 class _Drafted:
-    """What a decoding resumes with after its _Draft: the tree and the drafting call's seconds; `drafted`: the
-    nodes the drafter returned, of which budget=auto may verify fewer."""
+    """What a decoding resumes with after its _Draft: the tree (as the drafter returned it, until `_draft` checked it)
+    and the drafting call's seconds; `drafted`: the nodes the drafter returned, of which budget=auto may verify fewer."""
 
-    tree: DraftTree
+    tree: DraftTree | object
     seconds: float
     drafted: int = 0
 
@@ -243,7 +244,7 @@ def generations(
             trees = draft_all(drafter, [running[i][1].ctx for i in group])
             seconds = time.perf_counter() - t
             for i, tree in zip(group, trees, strict=True):
-                advance(i, running[i][0], _Drafted(tree, seconds))  # on to its verify call
+                advance(i, running[i][0], _Drafted(tree, seconds))  # on to its verify call, once `_draft` checked the tree
         order = list(running)
         t = time.perf_counter()
         verified = target.verify_batch([running[i][1] for i in order])
@@ -268,7 +269,8 @@ def _decoding(
     traces: list[BlockTrace] = []
     finish, ahead = "length", None
     for b in range(canvas.first, canvas.blocks):
-        block = _Block.open(run, canvas, b, ahead, keep)
+        prefix = None if r.drafter is None else torch.cat([canvas.prompt, torch.tensor(out, dtype=torch.long)])[: canvas.start(b)]
+        block = _Block.open(run, canvas, b, ahead, keep, prefix)
         ahead = yield from _decode_block(run, block)
         if keep.record:
             traces.append(block.recorder.trace(block.states))
@@ -322,19 +324,19 @@ def _draft(run: _Run, block: _Block) -> Generator[_Draft, _Drafted, _Drafted]:
     budget = run.config.budget if block.stale is None else block.plan.nodes
     if budget <= 0:
         return _Drafted(DraftTree.root_only(block.state), 0.0)
-    ctx = DraftContext(block.state, block.stale, block.stale_state, block.prior, run.config, run.target.mask_id, run.request,
-                       block.index, block.step, budget, block.rule.noise, block.plan.mode, block.stale_hidden,
-                       run.target.logits_dtype)
+    # The drafter's own copies of the state, config and noise (spot.drafters.base): a write reaches nothing of ours.
+    ctx = DraftContext(block.state.clone(), block.stale, block.stale_state, block.prior, run.drafter_config,
+                       run.target.mask_id, run.request, block.index, block.step, budget, block.drafter_noise,
+                       block.plan.mode, block.stale_hidden, run.target.logits_dtype, block.prefix)
     drafted = yield _Draft(run.drafter, ctx)
-    tree = drafted.tree
-    if tree.size > budget or not torch.equal(tree.states[0].cpu(), block.state.cpu()):
-        raise RuntimeError(f"drafter {run.drafter.name!r} returned {tree.size} nodes for budget {budget} or a foreign root")
+    tree = checked(run.drafter, drafted.tree, block.state, budget, run.target.vocab_size, run.target.mask_id)
+    size = tree.size
     if run.sizing is not None and tree.size:
         if tree.reach is None:
             raise ValueError(f"budget=auto needs reach probabilities, and drafter {run.drafter.name!r} gives none: "
                              "use a calibrated drafter (spot-eval calibrate-reach) or a fixed budget")
         tree = tree.prefix(run.sizing.size(tree.reach[1:], block.start))
-    return _Drafted(tree, drafted.seconds, drafted.tree.size)
+    return _Drafted(tree, drafted.seconds, size)
 
 
 def _verify(run: _Run, block: _Block, drafted: _Drafted) -> Generator[Call, _Reply, _Verified]:
@@ -451,6 +453,11 @@ class _Run:
     eos: frozenset[int]  # the tokens that finish a block early (none without stop_at_eos)
     timings: list[ForwardTiming] = field(default_factory=list)  # one per verify forward
     lengths: list[int] = field(default_factory=list)  # steps advanced per verify forward
+    drafter_config: DecodeConfig | None = field(init=False, default=None)  # the drafter's own copy (it may force a field)
+
+    def __post_init__(self) -> None:
+        if self.drafter is not None:
+            self.drafter_config = copy.deepcopy(self.config)
 
 
 @dataclass(frozen=True)
@@ -485,9 +492,12 @@ class _Block:
     carried: _Verified | None = None  # this block's first state, verified by the previous block's last forward
     following: torch.Tensor | None = None  # [K] the next block's first state (cross_block), None for the last block
     handed: _Verified | None = None  # the next block's, once this block's last forward verified it
+    prefix: torch.Tensor | None = None  # [start] the tokens before the block (DraftContext.prefix), with a drafter
+    drafter_noise: Callable[[int], torch.Tensor | None] = silent  # the rule's noise, a copy per call (DraftContext.gumbel)
 
     @classmethod
-    def open(cls, run: _Run, canvas: _Canvas, index: int, carried: _Verified | None, keep: _Keep) -> _Block:
+    def open(cls, run: _Run, canvas: _Canvas, index: int, carried: _Verified | None, keep: _Keep,
+             prefix: torch.Tensor | None = None) -> _Block:
         target, config, k = run.target, run.config, canvas.k
         start, n_prompt = canvas.start(index), canvas.prompt.numel()
         prompt_here = max(n_prompt - start, 0)  # a partial prompt block's prompt positions are never masked
@@ -502,7 +512,8 @@ class _Block:
                      if config.cross_block and index + 1 < canvas.blocks else None)
         return cls(index, start, prompt_here, min(canvas.end - start, k), rule, plan,
                    _Recorder(index, keep.topk, keep.margins, keep.hidden, target.mask_id), run.eos, [state],
-                   carried=carried, following=following)
+                   carried=carried, following=following, prefix=prefix,
+                   drafter_noise=silent if noise is silent else _copies(noise))
 
     @property
     def state(self) -> torch.Tensor:
@@ -535,6 +546,12 @@ class _Block:
             self.handed = _Verified(out.logits[-1:], out.hidden[-1:])  # verified behind this block's last state
 
 
+def _copies(noise: Callable[[int], torch.Tensor]) -> Callable[[int], torch.Tensor]:
+    """`noise`, each call's tensor a copy: the walk draws from the originals, which a drafter's in-place write (a
+    Gumbel-max score built as `z = gumbel(s); z += logits`) would otherwise change."""
+    return lambda step: noise(step).clone()
+
+
 class _Recorder:
     """What one block keeps of each step beyond its states, as `generate`'s record_* flags ask."""
 
@@ -549,8 +566,8 @@ class _Recorder:
             self.tops.append(topk_logprobs(logits, self.topk, self.mask_id))
         if self.margins:
             self.proposals.append(Proposal(proposal.tokens.cpu(), proposal.confidence.cpu(), proposal.token_margin.cpu()))
-        if self.hidden:
-            self.hiddens.append(hidden.cpu())
+        if self.hidden:  # a copy: the drafter is handed the same row as DraftContext.stale_hidden
+            self.hiddens.append(hidden.detach().to("cpu", copy=True))
 
     def trace(self, states: list[torch.Tensor]) -> BlockTrace:
         proposals = tuple(self.proposals) if self.margins else None

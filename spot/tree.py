@@ -70,6 +70,50 @@ class DraftTree:
         return out
 
 
+def defect(tree: object, root: torch.Tensor, budget: int, vocab_size: int, mask_id: int) -> str | None:
+    """What is wrong with `tree` as a drafter's answer for the block state `root` [K] under `budget`, said as what
+    it is ("a list, not a spot.tree.DraftTree"), or None for a well-formed tree: a DraftTree of int64 states
+    [N + 1, K] with N <= budget, row 0 equal to `root`, every token in the vocabulary, each drafted node equal to the
+    root wherever the root is not masked (a node only fills masked positions), parents that make a tree (each node
+    under earlier nodes) and reach probabilities in [0, 1]. Rechecked here, whatever DraftTree's own checks
+    said: a drafter may build one around them."""
+    if not isinstance(tree, DraftTree):
+        return f"a {type(tree).__name__}, not a spot.tree.DraftTree"
+    states, k = tree.states, root.shape[0]
+    if not isinstance(states, torch.Tensor) or states.dim() != 2 or states.shape[1] != k or states.shape[0] < 1:
+        shape = tuple(states.shape) if isinstance(states, torch.Tensor) else type(states).__name__
+        return f"states of shape {shape}; a tree's states are [N + 1, {k}], one row per node of a {k}-position block"
+    if states.dtype != torch.int64:
+        return f"{states.dtype} states; token ids are torch.int64"
+    if states.shape[0] - 1 > budget:
+        return f"{states.shape[0] - 1} nodes for budget {budget}"
+    parents = tree.parents
+    if not isinstance(parents, (tuple, list)) or len(parents) != states.shape[0]:
+        return f"{len(parents) if isinstance(parents, (tuple, list)) else type(parents).__name__} parent entries for {states.shape[0]} nodes"
+    for i, ps in enumerate(parents):
+        if not isinstance(ps, (tuple, list)) or (i == 0) != (len(ps) == 0) or any(
+                not isinstance(p, int) or isinstance(p, bool) or not 0 <= p < i for p in ps):
+            return f"parents {ps!r} for node {i}; the root has none and every other node has >= 1 among the earlier nodes"
+    states = states.cpu()
+    outside = (states < 0) | (states >= vocab_size)
+    if bool(outside.any()):
+        node, position = (int(v) for v in torch.nonzero(outside)[0])
+        return f"token {int(states[node, position])} at node {node}, position {position}, outside the vocabulary (0..{vocab_size - 1})"
+    if not torch.equal(states[0], root.cpu()):
+        return "a root (node 0) that is not the current block state"
+    overwritten = (states[1:] != root.cpu()) & (root.cpu() != mask_id)
+    if bool(overwritten.any()):
+        node, position = (int(v) for v in torch.nonzero(overwritten)[0])
+        return f"node {node + 1} changing position {position}, which is not masked in the current state (a node only fills masked positions)"
+    for name in ("scores", "reach"):
+        values = getattr(tree, name)
+        if values is not None and (not isinstance(values, (tuple, list)) or len(values) != states.shape[0]):
+            return f"{name} that is not one number per node"
+    if tree.reach is not None and not all(isinstance(r, (int, float)) and 0.0 <= r <= 1.0 for r in tree.reach):
+        return "reach probabilities outside [0, 1]"
+    return None
+
+
 # -- best-first growth ("ddtree_b") ------------------------------------------------------------
 
 

@@ -7,13 +7,15 @@ import argparse
 import dataclasses
 import json
 import sys
+import traceback
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from spot.config import DecodeConfig
 from spot_eval.harness.options import add_flags, build, given, options
-from spot_eval.harness.settings import MAX_BUDGET, TargetSettings, resolve_target
+from spot_eval.harness.settings import DRAFT_TIMEOUT, MAX_BUDGET, TargetSettings, resolve_target
+from spot_eval.method import PluginError
 
 
 @dataclass(frozen=True)
@@ -49,8 +51,9 @@ def _set_threads(args: argparse.Namespace) -> None:
 def _decode_flags(p: argparse.ArgumentParser) -> None:
     _target_flags(p)
     add_flags(p, options(TargetSettings), only=("exact", "threads"))
-    p.add_argument("--method", default="draft_free", help="draft_free or a drafter: spot, spot_gamma, spiffy, sets, "
-                                                          "sets_max, random, adversarial, oracle")
+    p.add_argument("--method", default="draft_free", help="draft_free or a method (spot-eval methods lists them: the "
+                                                          "built-in ones, installed plugins' and --plugins')")
+    _plugins_flags(p)
     p.add_argument("--budget", default="0",
                    help="draft nodes per verify forward (0 with draft_free), or auto: sized per step by this device's verify cost")
     p.add_argument("--max-budget", type=int, default=MAX_BUDGET, help="the cap of --budget auto")
@@ -62,12 +65,20 @@ def _decode_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object (default: the text, then stats)")
 
 
+def _plugins_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--plugins", nargs="+", default=[], metavar="FILE",
+                   help="plugin files (.py) or module names whose methods to add (docs/plugins.md)")
+    p.add_argument("--draft-timeout", type=float, default=DRAFT_TIMEOUT,
+                   help="seconds one draft of a plugin's method may take before it is stopped as hung")
+
+
 def _decode(args: argparse.Namespace) -> None:
     from spot_eval.harness.decode import decode_prompt
 
     _set_threads(args)
     result = decode_prompt(build(TargetSettings, given(args, options(TargetSettings))), given(args, options(DecodeConfig)),
-                           args.method, _budget(args.budget), args.prompt, args.chat, args.drafter, args.max_budget)
+                           args.method, _budget(args.budget), args.prompt, args.chat, args.drafter, args.max_budget,
+                           tuple(args.plugins), args.draft_timeout)
     if args.json:
         print(json.dumps(result))
     else:
@@ -77,6 +88,56 @@ def _decode(args: argparse.Namespace) -> None:
             f"{result['forwards']} target forwards, {result['steps']} steps, {result['seconds']:.2f} s",
             file=sys.stderr,
         )
+
+
+def _methods_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--plugins", nargs="+", default=[], metavar="FILE", help="plugin files (.py) or module names to list too")
+    p.add_argument("--json", action="store_true", help="print one JSON object per method")
+
+
+def _methods(args: argparse.Namespace) -> None:
+    from spot_eval.harness.method_list import method_rows, method_table
+
+    rows = method_rows(args.plugins)
+    print("\n".join(json.dumps(row) for row in rows) if args.json else method_table(rows))
+
+
+def _check_method_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("method", metavar="NAME[:PATH]", help="the method to check, and its file where it reads one")
+    p.add_argument("--plugins", nargs="+", default=[], metavar="FILE", help="plugin files (.py) or modules that declare it")
+    p.add_argument("--quick", action="store_true",
+                   help="every pair of the grid's settings instead of every combination, 3 prompts (about a minute on a CPU)")
+    _threads_flag(p)
+
+
+def _check_method(args: argparse.Namespace) -> None:
+    from spot_eval import registry
+    from spot_eval.harness.conformance import check_method
+
+    _set_threads(args)
+    registry.load_plugins(args.plugins, "--plugins")
+    name, _, path = args.method.partition(":")
+    registry.entry(name)  # an unknown name: refused before anything loads
+    report = check_method(name, path or None, args.quick, progress=lambda line: print(line, file=sys.stderr, flush=True))
+    print(report.table())
+    raise SystemExit(0 if report.passed else 1)
+
+
+def _check_target_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("path", metavar="PATH", help="a checkpoint directory (its config.json's model_type: a built-in family, "
+                                                "or one an installed target plugin declares)")
+    add_flags(p, options(DecodeConfig), only=("block_length",))
+    add_flags(p, options(TargetSettings), only=("cache",))
+    _threads_flag(p)
+
+
+def _check_target(args: argparse.Namespace) -> None:
+    from spot_eval.harness.target_check import check_target
+
+    _set_threads(args)
+    report = check_target(args.path, args.block_length, args.cache)
+    print(report.table())
+    raise SystemExit(0 if report.passed else 1)
 
 
 def _budget(text: str) -> int | str:
@@ -503,6 +564,12 @@ COMMANDS = (
     Command("cache-datasets", "write the vendored GSM8K, MATH-500, MBPP and HumanEval (and a sandboxed code_eval) where lm-eval's own tasks load them offline",
             _cache_datasets_flags, _cache_datasets),
     Command("compare", "SPOT vs Spiffy tables (throughput and forward ratios) from MLflow or results files", _compare_flags, _compare),
+    Command("methods", "every method a run can name: where it comes from, what it reads, what a new target costs it, "
+            "whether it is exact", _methods_flags, _methods),
+    Command("check-method", "prove a method (a plugin's too) lossless and well-behaved across the property grid, and "
+            "rank its forwards saved beside FreeDave and SPOT", _check_method_flags, _check_method),
+    Command("check-target", "check that a checkpoint's target (a target plugin's too) keeps the invariants the engine "
+            "relies on: cache, pieces, batch, cross pieces, its reference decode", _check_target_flags, _check_target),
 )
 
 
@@ -525,6 +592,9 @@ DOCS_PAGES = {
     "nightly": "tracking.md#nightly-reports",
     "cache-datasets": "guides/tasks.md#lm-evals-own-tasks-offline",
     "compare": "tracking.md#comparing-methods",
+    "methods": "plugins.md#listing-the-methods",
+    "check-method": "plugins.md#the-conformance-check",
+    "check-target": "plugins.md#target-plugins",
 }
 
 
@@ -546,6 +616,10 @@ def main(argv: list[str] | None = None) -> None:
     warnings.formatwarning = lambda msg, cat, *a, **k: f"warning: {msg}\n"
     try:
         args.run(args)
+    except PluginError as err:  # not the user's input: the plugin's traceback, then its one line, and exit 1
+        traceback.print_exception(err.__cause__ or err, file=sys.stderr)
+        print(f"error: {err}", file=sys.stderr)
+        raise SystemExit(1) from None
     except (ValueError, FileNotFoundError, KeyError) as err:
         message = err.args[0] if isinstance(err, KeyError) and err.args else err
         print(f"error: {message}", file=sys.stderr)

@@ -1,78 +1,12 @@
-"""Every method family, one entry each: what it reads, how its drafter is built, and how the reports name and
-draw it. The harness parses `methods=` against these (spot_eval.harness.methods), the reports take their names,
-colours and row order from them, and the docs their costs; a new method is one drafter under spot/drafters/
-and one entry in FAMILIES.
+"""The built-in methods, one `Method` each: what it reads, how its drafter is built, and how the reports name and
+draw it. They reach the harness as a plugin's methods do (spot_eval.registry, where they come first and their names
+win); the reports take their row order from this tuple, and the docs their costs.
 """
 
 from __future__ import annotations
 
-import warnings
-from collections.abc import Callable
-from dataclasses import dataclass
-from pathlib import Path
-
 from spot.drafters import AdversarialDrafter, Drafter, OracleDrafter, RandomDrafter
-
-
-@dataclass(frozen=True)
-class FileKind:
-    """One kind of file a learned method reads, told by its first bytes (torch.save writes a zip archive)."""
-
-    magic: bytes
-    what: str
-    suffix: str
-    command: str  # the spot-eval command that makes it
-
-    def matches(self, head: bytes) -> bool:
-        """Whether `head` (a file's first bytes, `file_head`) starts a file of this kind."""
-        return (head.lstrip() if self.magic == b"{" else head).startswith(self.magic)
-
-
-def file_head(path: Path) -> bytes:
-    """The first bytes of a file, enough for `FileKind.matches` (a drafter file may be tens of MB)."""
-    with path.open("rb") as f:
-        return f.read(16)
-
-
-@dataclass(frozen=True)
-class Build:
-    """What a drafter is built from: the loaded target, the run's policy and threshold, the method's budget (with
-    budget=auto its cap) and file, and the request's draft-free Generation for the reference drafters."""
-
-    target: object
-    policy: str
-    budget: int
-    auto: bool
-    path: Path | None
-    reference: object = None
-    threshold: float | None = None
-
-
-@dataclass(frozen=True)
-class Family:
-    """name: as in `methods=name@N`. display: in tables and legends. colour: its bars and lines (Okabe-Ito, one per
-    family). files: what it reads (none: training-free). auto: its trees carry calibrated reach, so budget=auto can
-    size them. acceptance: "max_commit" for a lossy, opt-in method. cost: what a new target costs it (the docs)."""
-
-    name: str
-    display: str
-    colour: str
-    build: Callable[[Build], Drafter] | None
-    files: tuple[FileKind, ...] = ()
-    auto: bool = False
-    acceptance: str = "exact"
-    needs_reference: bool = False
-    hatch: str = ""
-    cost: str = ""
-
-    @property
-    def lossy(self) -> bool:
-        return self.acceptance != "exact"
-
-    @property
-    def learned(self) -> bool:
-        return bool(self.files)
-
+from spot_eval.method import Build, FileKind, Method, file_head
 
 ORDER_MODEL = FileKind(b"PK", "an order-model checkpoint", ".pt", "train-drafter")
 SET_MODEL = FileKind(b"PK", "a set model", ".pt", "train-sets")
@@ -134,7 +68,7 @@ def _spot_gamma(b: Build) -> Drafter:
 
 
 def _sets(b: Build) -> Drafter:
-    """SPOT-Sets' drafter (sets_max: the same drafter under max-commit acceptance, Family.acceptance)."""
+    """SPOT-Sets' drafter (sets_max: the same drafter under max-commit acceptance, Method.acceptance)."""
     from spot.drafters.sets import SetsDrafter
     from spot_eval.checkpoints.set_model import set_model_for_target
     from spot_eval.checkpoints.set_predictor import set_predictor_for_target
@@ -145,38 +79,25 @@ def _sets(b: Build) -> Drafter:
 
 # In row order: draft-free first, then the training-free rivals, Spiffy, SPOT's family, the reference drafters.
 FAMILIES = (
-    Family("draft_free", "draft-free", "#999999", None),
-    Family("freedave", "FreeDave", "#56B4E9", _freedave, cost="nothing: it drafts from the target's last logits"),
-    Family("ssd", "SSD", "#56B4E9", _ssd, hatch="..", cost="nothing: FreeDave's chain under SSD's name"),
-    Family("spiffy_v1", "Spiffy v1", "#E69F00", _spiffy_v1, (SPIFFY_GRAPH,), auto=True, hatch="..",
+    Method("draft_free", None, "draft-free", "#999999"),
+    Method("freedave", _freedave, "FreeDave", "#56B4E9", cost="nothing: it drafts from the target's last logits"),
+    Method("ssd", _ssd, "SSD", "#56B4E9", hatch="..", cost="nothing: FreeDave's chain under SSD's name"),
+    Method("spiffy_v1", _spiffy_v1, "Spiffy v1", "#E69F00", (SPIFFY_GRAPH,), auto=True, hatch="..",
            cost="a calibrated graph (spot-eval spiffy-calibrate)"),
-    Family("spiffy", "Spiffy", "#E69F00", _spiffy, (SPIFFY_GRAPH,), auto=True,
+    Method("spiffy", _spiffy, "Spiffy", "#E69F00", (SPIFFY_GRAPH,), auto=True,
            cost="a calibrated graph (spot-eval spiffy-calibrate)"),
-    Family("spot", "SPOT", "#0072B2", _spot, (ORDER_MODEL,), auto=True,
+    Method("spot", _spot, "SPOT", "#0072B2", (ORDER_MODEL,), auto=True,
            cost="trajectories and a trained order model (spot-eval collect, train-drafter)"),
-    Family("spot_gamma", "SPOT-γ", "#009E73", _spot_gamma, (ORDER_MODEL,), auto=True,
+    Method("spot_gamma", _spot_gamma, "SPOT-γ", "#009E73", (ORDER_MODEL,), auto=True,
            cost="SPOT's, and fitted exponents (spot-eval fit-gamma)"),
-    Family("sets", "SPOT-Sets", "#CC79A7", _sets, (SET_MODEL, SET_PREDICTOR),
+    Method("sets", _sets, "SPOT-Sets", "#CC79A7", (SET_MODEL, SET_PREDICTOR),
            cost="threshold trajectories with hidden states and a trained set model (spot-eval collect, train-sets)"),
-    Family("sets_max", "SPOT-Sets (max-commit)", "#D55E00", _sets, (SET_MODEL, SET_PREDICTOR), acceptance="max_commit",
+    Method("sets_max", _sets, "SPOT-Sets (max-commit)", "#D55E00", (SET_MODEL, SET_PREDICTOR), acceptance="max_commit",
            cost="SPOT-Sets'"),
-    Family("random", "random", "#666666", lambda b: RandomDrafter(b.target.vocab_size)),
-    Family("adversarial", "adversarial", "#F0E442", lambda b: AdversarialDrafter(b.reference.trajectory, b.target.vocab_size),
-           needs_reference=True),
-    Family("oracle", "oracle", "#000000", lambda b: OracleDrafter(b.reference.trajectory), needs_reference=True),
+    Method("random", lambda b: RandomDrafter(b.target.vocab_size), "random", "#666666",
+           reads="the target's last logits (random well-formed trees: a test drafter)"),
+    Method("adversarial", lambda b: AdversarialDrafter(b.reference.trajectory, b.target.vocab_size), "adversarial", "#F0E442",
+           needs_reference=True, reads="the request's draft-free decode (near misses of it: a test drafter)"),
+    Method("oracle", lambda b: OracleDrafter(b.reference.trajectory), "oracle", "#000000", needs_reference=True,
+           reads="the request's draft-free decode (its true next states: the perfect-order bound)"),
 )
-BY_NAME = {f.name: f for f in FAMILIES}
-METHODS = tuple(f.name for f in FAMILIES if f.build is not None)  # what `methods=` may name
-
-
-def build_drafter(name: str, b: Build, rule: dict | None = None) -> Drafter:
-    """The drafter of one method; `rule`: the decoder's non-default reference rules (DecodeConfig.rule), said once when
-    a learned drafter meets them."""
-    f = BY_NAME[name]
-    if rule and f.learned:
-        warnings.warn(f"{name}@{'auto' if b.auto else b.budget}: its drafter was trained on trajectories of the default "
-                      "decoding rule (probability confidence in float64, the mask out of the softmax, no first-token commit, no "
-                      "cap); this run "
-                      f"decodes under {', '.join(f'{k}={v}' for k, v in rule.items())}. The output is still exactly the "
-                      "draft-free decoder's; fewer drafts may be accepted.", UserWarning, stacklevel=3)
-    return f.build(b)

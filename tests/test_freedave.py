@@ -100,4 +100,4 @@ def test_the_method_names_and_their_bad_forms():
                           ("ssd@auto", "give ssd a fixed budget (ssd@3)")):
         with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
             parse_methods(item, "")
-    assert MethodSpec("freedave", 4).family.cost.startswith("nothing")
+    assert MethodSpec("freedave", 4).method.cost.startswith("nothing")

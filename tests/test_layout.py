@@ -15,9 +15,12 @@ ROOT = Path(__file__).resolve().parent.parent
 # A layer may import the layers of lower rank and itself; equal ranks may not import each other.
 LAYERS = {
     "cli": 4,
+    "plugin": 3.5,  # the plugin API: re-exports of what a plugin may use, the conformance checks among them
     "harness": 3,
     "reports": 2,
+    "registry": 1.5,  # every method, built in or a plugin's: what reports name and colour by, and the harness builds
     "families": 1,
+    "method": -1,  # how a method is described (the plugin contract's record)
     "training": 1,
     "tracking": 1,
     "execution": 1,  # it knows the benchmark problems (spot_eval.data) to judge their tests

@@ -1,4 +1,10 @@
-"""The drafter protocol: propose candidate future block states; know nothing of verification."""
+"""The drafter protocol: propose candidate future block states; know nothing of verification.
+
+A drafter is untrusted input to the engine (it may come from a plugin, spot_eval.plugin): whatever it does, the output
+stays the draft-free decoder's. It reads its own copies of what the engine keeps (`DraftContext`), its tree is
+checked before anything reads it (`spot.tree.defect`) and copied, and whatever it raises or returns wrongly ends
+its decoding with a `DraftError` that names it and the defect, never an error deep in the engine.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +15,7 @@ from typing import Protocol, runtime_checkable
 import torch
 
 from spot.config import DecodeConfig
-from spot.tree import DraftTree
+from spot.tree import DraftTree, defect
 
 
 @dataclass(frozen=True)
@@ -32,6 +38,13 @@ class DraftContext:
         the target's device and in its dtype (None with stale_logits None).
     model_dtype: the target's logits dtype (Target.logits_dtype), what a drafter that replays the policy passes
         to spot.policy.decide (confidence_dtype "model" computes in it); None: the logits' own.
+    prefix: [L] int64 on the CPU, the tokens before the block: the prompt and every committed block (what a
+        lookup drafter matches against); the block's own prompt positions, if any, are in `state`.
+
+    What the engine hands over is the drafter's to read, never to write: `state`, `config` and every noise tensor
+    `gumbel` returns are the drafter's own copies, and the engine reads neither the logits nor the hidden states
+    again once a drafter has them (it keeps its own copies of what it records), so a write reaches nothing but the
+    drafter's own later inputs.
     """
 
     state: torch.Tensor
@@ -48,6 +61,7 @@ class DraftContext:
     mode: str | None = None
     stale_hidden: torch.Tensor | None = None
     model_dtype: torch.dtype | None = None
+    prefix: torch.Tensor | None = None
 
 
 @runtime_checkable
@@ -65,7 +79,49 @@ class Drafter(Protocol):
 # network's calls shared (what batched decoding runs, spot.engine.generations).
 
 
-def draft_all(drafter: Drafter, ctxs: Sequence[DraftContext]) -> list[DraftTree]:
-    """The trees of several requests' contexts: in one `draft_batch` where the drafter has it, else one by one."""
+class DraftError(RuntimeError):
+    """A drafter broke the contract: it raised, returned something that is not a well-formed tree for its context,
+    or returned too few trees. `drafter` names it, `defect` says what it did; the decoding it drafted for stops."""
+
+    def __init__(self, drafter: str, defect: str) -> None:
+        super().__init__(f"drafter {drafter!r} {defect}")
+        self.drafter, self.defect = drafter, defect
+
+
+def name_of(drafter: object) -> str:
+    """A drafter's name for messages (its `name`, else its class's)."""
+    name = getattr(drafter, "name", None)
+    return name if isinstance(name, str) else type(drafter).__name__
+
+
+def draft_all(drafter: Drafter, ctxs: Sequence[DraftContext]) -> list[object]:
+    """What the drafter returns for several requests' contexts: one `draft_batch` call where it has one, else `draft`
+    one by one; one item per context, each still to check (`checked`).
+
+    Raises:
+        DraftError: the drafter raised (its exception the cause), or `draft_batch` gave another number of items.
+    """
     batch = getattr(drafter, "draft_batch", None)
-    return batch(ctxs) if batch is not None else [drafter.draft(ctx) for ctx in ctxs]
+    try:
+        trees = batch(ctxs) if batch is not None else [drafter.draft(ctx) for ctx in ctxs]
+    except Exception as err:
+        raise DraftError(name_of(drafter), f"raised {type(err).__name__}: {err}") from err
+    if not isinstance(trees, (list, tuple)) or len(trees) != len(ctxs):
+        got = f"{len(trees)} trees" if isinstance(trees, (list, tuple)) else f"a {type(trees).__name__}"
+        raise DraftError(name_of(drafter), f"returned {got} from draft_batch for {len(ctxs)} contexts (one tree per context)")
+    return list(trees)
+
+
+def checked(drafter: Drafter, tree: object, root: torch.Tensor, budget: int, vocab_size: int, mask_id: int) -> DraftTree:
+    """`tree` as the engine takes it: checked to be a well-formed tree for the block state `root` [K] under
+    `budget` (spot.tree.defect), and copied onto the CPU, so that nothing the drafter keeps reaches the engine.
+
+    Raises:
+        DraftError: naming the drafter and the tree's first defect.
+    """
+    found = defect(tree, root, budget, vocab_size, mask_id)
+    if found is not None:
+        raise DraftError(name_of(drafter), f"returned {found}")
+    return DraftTree(tree.states.detach().to("cpu", copy=True), tuple(tuple(int(p) for p in ps) for ps in tree.parents),
+                     None if tree.scores is None else tuple(float(s) for s in tree.scores),
+                     None if tree.reach is None else tuple(float(r) for r in tree.reach))

@@ -63,6 +63,32 @@ FAMILIES: dict[str, Family] = {
     "llada": Family(llada_config, LLaDAForCausalLM, "bidirectional", 32, LLADA_KEY_MAPPING),
     "Dream": Family(Qwen2Config, Qwen2ForCausalLM, "bidirectional", 32, shift=True),
 }
+ATTENTIONS = ("block_causal", "bidirectional")  # the two target classes spot.targets.from_pretrained picks between
+
+
+def register_family(model_type: str, family: Family) -> None:
+    """Teach `read_checkpoint` a model_type (an outside package's family: spot_eval discovers them).
+
+    The first family of a model_type keeps it (the built-in ones first): a checkpoint must not decode one way or
+    another by which packages happen to be installed.
+
+    Raises:
+        ValueError naming the model_type and both families where it is taken, or the attention where it is not one
+        that a target class decodes.
+    """
+    if not isinstance(model_type, str) or not model_type:
+        raise ValueError(f"model_type must be a non-empty string (config.json's model_type), got {model_type!r}")
+    if not isinstance(family, Family):
+        raise ValueError(f"model_type {model_type!r}: the family must be a spot.targets.checkpoint.Family, got "
+                         f"{type(family).__name__}")
+    taken = FAMILIES.get(model_type)
+    if taken is not None:
+        raise ValueError(f"model_type {model_type!r} is taken by {taken.model.__name__}'s family, which keeps it; "
+                         f"{family.model.__name__}'s family needs a model_type of its own")
+    if family.attention not in ATTENTIONS:
+        raise ValueError(f"model_type {model_type!r}: attention {family.attention!r} is not one a target decodes; "
+                         f"choose {' or '.join(ATTENTIONS)}")
+    FAMILIES[model_type] = family
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ import torch
 from spot.targets import Checkpoint, from_pretrained, read_checkpoint
 from spot.targets.base import LoadedTarget
 from spot_eval.checkpoints.fingerprint import weights_digest
+from spot_eval.checkpoints.model_types import discover
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")  # org/name, as the hub spells repository ids
 
@@ -47,9 +48,11 @@ def resolve_checkpoint(pretrained: str | Path, revision: str | None = None, opti
 
 def read_target(path: str | Path) -> Checkpoint:
     """A checkpoint directory parsed (config, ids, block size) without loading weights: the one parse that
-    `load_target` and everything else that asks about the checkpoint share."""
+    `load_target` and everything else that asks about the checkpoint share. The installed target plugins are
+    discovered first (spot_eval.checkpoints.model_types), so that a plugin's model_type loads in every command."""
     if not Path(path).is_dir():
         raise FileNotFoundError(f"{path} is not a model directory; pass one as pretrained=PATH (spot-eval: --pretrained PATH)")
+    discover()
     return read_checkpoint(path)
 
 

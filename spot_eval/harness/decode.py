@@ -6,12 +6,20 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from spot import DecodeConfig, generate
+from spot.drafters.base import DraftError
+from spot_eval import registry
 from spot_eval.checkpoints.target import encode_prompt, load_target, read_target
-from spot_eval.families import METHODS
-from spot_eval.harness.methods import AUTO, MethodSpec, build_drafter, drafter_file
+from spot_eval.harness.methods import MethodSpec, auto_methods, build_drafter, drafter_file
 from spot_eval.harness.options import build, options, values_of
 from spot_eval.harness.profile import auto_sizing, drafter_seconds
-from spot_eval.harness.settings import MAX_BUDGET, TargetSettings, check_budgets, resolve_target
+from spot_eval.harness.settings import (
+    DRAFT_TIMEOUT,
+    MAX_BUDGET,
+    TargetSettings,
+    check_budgets,
+    resolve_target,
+)
+from spot_eval.method import PluginError
 
 DRAFT_FREE = "draft_free"
 
@@ -25,22 +33,33 @@ def decode_prompt(
     chat: bool,
     drafter_path: str | None = None,
     max_budget: int = MAX_BUDGET,
+    plugins: tuple[str, ...] = (),
+    draft_timeout: float = DRAFT_TIMEOUT,
 ) -> dict:
     """decoder: DecodeConfig's settings by option name (spot_eval.harness.options); block_length None is the
     checkpoint's. drafter_path: the method's checkpoint or graph (default: the one shipped for the block
     length). With spiffy the budget is D*, the nodes kept by Spiffy's online pruning. budget "auto": each tree
     sized by this device's verify cost (spot.sizing), at most `max_budget` nodes. A lossy method (sets_max:
     max-commit) decodes under its own acceptance rule, and its output differs from draft-free decoding's by design.
+    plugins: plugin files or modules whose methods `method` may name (spot_eval.registry.load_plugins); a plugin's
+    draft may take `draft_timeout` seconds.
+
+    Raises PluginError where the method's drafter fails (naming the method and where it comes from), never the
+    ValueError that bad input gets.
 
     Returns the output, its figures, and every setting it was decoded under (the decoder's under their option names)."""
-    if method != DRAFT_FREE and method not in METHODS:
-        raise ValueError(f"unknown method {method!r}; choose {DRAFT_FREE} or one of {', '.join(METHODS)}")
+    registry.load_plugins(plugins, "--plugins")
+    if method != DRAFT_FREE and method not in registry.methods():
+        raise ValueError(f"unknown method {method!r}; choose {DRAFT_FREE} or one of {', '.join(registry.methods())} (a "
+                         "plugin's method: --plugins FILE, or install its package)")
+    if draft_timeout <= 0:
+        raise ValueError(f"--draft-timeout must be > 0 seconds, got {draft_timeout:g}")
     if method == DRAFT_FREE and (budget or drafter_path):
         raise ValueError(f"method {DRAFT_FREE} takes no budget or --drafter; pick a drafter method to use them")
     auto = budget == "auto"
     if auto:
-        if method not in AUTO:
-            raise ValueError(f"--budget auto needs a drafter with calibrated reach probabilities: {', '.join(AUTO)}")
+        if method not in auto_methods():
+            raise ValueError(f"--budget auto needs a drafter with calibrated reach probabilities: {', '.join(auto_methods())}")
         if max_budget < 1:
             raise ValueError(f"--max-budget must be >= 1, got {max_budget}")
         budget = max_budget
@@ -66,9 +85,12 @@ def decode_prompt(
         reference = None
         if spec.needs_reference:
             reference = generate(model, ids, replace(config, budget=0), record=True)
-        drafter = build_drafter(spec, model, config.policy, reference, config.threshold, config.rule)
-    sizing = auto_sizing(model, drafter, config) if auto else None
-    result = generate(model, ids, config, drafter=drafter, decode=model.tokenizer.decode, sizing=sizing)
+        drafter = build_drafter(spec, model, config.policy, reference, config.threshold, config.rule, draft_timeout)
+    try:
+        sizing = auto_sizing(model, drafter, config) if auto else None
+        result = generate(model, ids, config, drafter=drafter, decode=model.tokenizer.decode, sizing=sizing)
+    except DraftError as err:
+        raise PluginError(f"method {spec.label} ({spec.origin}) failed: {err}") from err
     s = result.stats
     return {
         "method": method,

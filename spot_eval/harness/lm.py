@@ -21,16 +21,19 @@ from lm_eval.api.model import LM
 from tqdm import tqdm
 
 from spot import DecodeConfig, Request, generate, generate_batch
+from spot.drafters.base import DraftError
+from spot_eval import registry
 from spot_eval.checkpoints.target import load_target, read_target, resolve_checkpoint, target_id
 from spot_eval.execution.sandbox import SandboxError, confinement
 from spot_eval.harness import settings
 from spot_eval.harness.interrupts import kept_interrupts
 from spot_eval.harness.lossless import MethodRecord, diverge
-from spot_eval.harness.methods import MethodSpec, build_drafter, drafter_file, parse_methods
+from spot_eval.harness.methods import MethodSpec, build_drafter, drafter_file, parse_methods, split_list
 from spot_eval.harness.model_args import SpotArgs
 from spot_eval.harness.parallel import Ranks
 from spot_eval.harness.profile import Refitted, auto_sizing, drafter_seconds, verify_profile
-from spot_eval.harness.session import RequestRecord, Session
+from spot_eval.harness.session import MethodFailure, RequestRecord, Session
+from spot_eval.method import PluginError
 from spot_eval.tracking.store import check_uri
 from spot_eval.tracking.writer import TrackingConfig, announce_unreachable, git_commit, open_tracker
 
@@ -81,7 +84,12 @@ class SpotLM(LM):
             )
         if args.max_budget < 1:
             raise ValueError(f"max_budget={args.max_budget}: budget=auto's cap must be >= 1 (default {settings.MAX_BUDGET})")
-        self.specs: list[MethodSpec] = parse_methods(args.methods, args.budgets, args.max_budget)
+        if args.draft_timeout <= 0:
+            raise ValueError(f"draft_timeout={args.draft_timeout}: give the seconds one draft may take, > 0 (default "
+                             f"{settings.DRAFT_TIMEOUT:g})")
+        registry.load_plugins(split_list(args.plugins))  # on every rank: each builds its own drafters
+        self.specs: list[MethodSpec] = parse_methods(args.methods, args.budgets, args.max_budget)  # less any that fails
+        asked = tuple(self.specs)
         if self.specs and not args.reference:
             raise ValueError("reference=False leaves nothing to compare the methods with; drop methods or keep reference")
         for spec in self.specs:
@@ -98,10 +106,16 @@ class SpotLM(LM):
                 raise ValueError(f"threads={args.threads}: use threads >= 1 (1 on a machine shared with other work)")
             torch.set_num_threads(args.threads)
         self.target = load_target(checkpoint, args.block_length, device, args.exact, dtype, args.cache)
-        self._drafters = {s.label: build_drafter(s, self.target, self.config.policy, threshold=self.config.threshold,
-                                                 rule=self.config.rule)
-                          for s in self.specs if not s.needs_reference}
-        self._sizings, profile = self._auto_sizings()
+        self._drafters, failed = {}, []
+        for spec in list(self.specs):
+            try:
+                if not spec.needs_reference:
+                    self._drafters[spec.label] = build_drafter(spec, self.target, self.config.policy, threshold=self.config.threshold,
+                                                               rule=self.config.rule, draft_timeout=args.draft_timeout)
+            except PluginError as err:  # a plugin's method that cannot start: reported failed, the others run
+                self.specs.remove(spec)
+                failed.append(MethodFailure.of(spec.label, str(spec.origin), err))
+        self._sizings, profile = self._auto_sizings(failed)
         pieces = self.config.verify_pieces(max([s.budget for s in self.specs], default=0))
         self.batch_size = settings.resolve_batch_size(batching, self.target, self.config.gen_length, pieces)
         self._target_id = target_id(args.pretrained, path)
@@ -114,6 +128,8 @@ class SpotLM(LM):
         run = {"model_args": asdict(self.args), "decoder": _config_dict(self.config),
                "lm_eval_version": lm_eval_version, "target_id": self._target_id,
                "sandbox": _sandbox(), "world_size": self.ranks.world_size, "profile": profile, "batch_size": self.batch_size,
+               # each method's name, colour and origin: a report drawn where a plugin is not installed reads them here
+               "methods": {name: registry.description(name) for name in dict.fromkeys(s.name for s in asked)},
                # what ran, for the reports' headers (the same as the MLflow tags, with the commit)
                "identity": {k.removeprefix("spot_eval."): v for k, v in identity.items()} | {"commit": git_commit()}}
         tracker.log_params({**_flatten({"model_args": run["model_args"], "decoder": run["decoder"],
@@ -123,20 +139,30 @@ class SpotLM(LM):
                             **_flatten(self._fingerprints())})
         tracker.set_tags(identity)
         self.session = Session(self.args, self._fingerprints(), tracker, self.args.output_dir, run, self.ranks)
+        for failure in failed:
+            self.session.fail(failure)
         self._repeat = Counter()
         self._store = None  # lm-eval's --use_cache file, once set_cache_hook hands it over
 
-    def _auto_sizings(self) -> tuple[dict[str, Refitted], dict | None]:
+    def _auto_sizings(self, failed: list[MethodFailure]) -> tuple[dict[str, Refitted], dict | None]:
         """budget=auto's inputs per auto method: this device's verify-cost profile (cached, or measured
         once), the drafter's seconds per tree (measured now), its mean reach, refitted to decoding's own
-        timings after every request; and the profile for the record."""
+        timings after every request; and the profile for the record. A plugin's drafter that fails to be
+        measured joins `failed`."""
         auto = [s for s in self.specs if s.auto]
         if not auto:
             return {}, None
         profile = verify_profile(self.target)
         sizings, record = {}, {**profile.to_dict(), "drafter_seconds": {}}
         for spec in auto:
-            sizing = auto_sizing(self.target, self._drafters[spec.label], spec.config(self.config), profile)
+            try:
+                sizing = auto_sizing(self.target, self._drafters[spec.label], spec.config(self.config), profile)
+            except Exception as err:
+                if spec.origin == registry.BUILT_IN:
+                    raise
+                self.specs.remove(spec)
+                failed.append(MethodFailure.of(spec.label, str(spec.origin), err, "measuring its drafter for budget=auto"))
+                continue
             sizings[spec.label] = Refitted(sizing)
             record["drafter_seconds"][spec.label] = drafter_seconds(sizing)
         return sizings, record
@@ -330,13 +356,20 @@ class SpotLM(LM):
         references = generate_batch(self.target, [Request(j.ids, j.config, number=j.number) for j in jobs], b, decode=decode,
                                     record=True, record_margins=True)
         methods = [[MethodRecord.of("draft_free", 0, ref, ref, j.config, mask_id)] for ref, j in zip(references, jobs, strict=True)]
-        for spec in self.specs:
+        for spec in list(self.specs):
             auto = self._sizings.get(spec.label)
-            requests = [Request(j.ids, spec.config(j.config), self._drafters.get(spec.label)
-                                or build_drafter(spec, self.target, j.config.policy, ref, j.config.threshold), j.number, auto and auto.sizing)
-                        for ref, j in zip(references, jobs, strict=True)]
-            for got, ref, j, mine in zip(generate_batch(self.target, requests, b, decode=decode, record=True), references, jobs,
-                                         methods, strict=True):
+            try:
+                requests = [Request(j.ids, spec.config(j.config), self._drafters.get(spec.label)
+                                    or build_drafter(spec, self.target, j.config.policy, ref, j.config.threshold,
+                                                     draft_timeout=self.args.draft_timeout), j.number, auto and auto.sizing)
+                            for ref, j in zip(references, jobs, strict=True)]
+                decoded = generate_batch(self.target, requests, b, decode=decode, record=True)
+            except (DraftError, PluginError) as err:  # the method stops, named with its origin; the others go on
+                self.specs.remove(spec)
+                where = f"decoding {jobs[0].req.task_name} doc {jobs[0].req.doc_id}" + (f" and {len(jobs) - 1} more in its batch" if len(jobs) > 1 else "")
+                self.session.fail(MethodFailure.of(spec.label, str(spec.origin), err, where))
+                continue
+            for got, ref, j, mine in zip(decoded, references, jobs, methods, strict=True):
                 if auto:
                     auto.observe(got.stats)
                 mine.append(MethodRecord.of(spec.name, spec.budget, got, ref, j.config, mask_id, auto=spec.auto, lossy=spec.lossy))

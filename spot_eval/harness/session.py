@@ -24,6 +24,7 @@ import math
 import re
 import tempfile
 import time
+import traceback
 import uuid
 import warnings
 from collections.abc import Callable
@@ -86,6 +87,25 @@ class RequestRecord:
         return out
 
 
+@dataclass(frozen=True)
+class MethodFailure:
+    """A method stopped during a run: its drafter (or a plugin's build) broke the contract or raised. `defect`: one
+    line naming it; `where`: what it was doing; `trace`: the traceback, for the run's failures.log."""
+
+    label: str
+    origin: str
+    defect: str
+    where: str
+    trace: str
+
+    @classmethod
+    def of(cls, label: str, origin: str, err: BaseException, where: str = "building its drafter") -> MethodFailure:
+        return cls(label, origin, str(err), where, "".join(traceback.format_exception(err)))
+
+    def line(self) -> str:
+        return f"spot-eval: method {self.label} ({self.origin}) failed while {self.where} and was stopped: {self.defect}"
+
+
 def _divergence(d: dict | None) -> Divergence | None:
     return None if d is None else Divergence(**{**d, "margins": None if d["margins"] is None else Margins(**d["margins"])})
 
@@ -130,6 +150,7 @@ class Session:
         self.ranks = ranks
         self.records: list[RequestRecord] = []
         self.out_dir = Path(out_dir or Path("spot-eval-runs") / time.strftime("%Y%m%d-%H%M%S"))
+        self.failures: list[MethodFailure] = []  # the methods stopped during the run (their rows leave the summary)
         self.unwritable: str | None = None  # the run directory that could not be written, and why
         self.view: str | None = None  # the saved view of MLflow's runs table that shows the headline figures
 
@@ -153,12 +174,20 @@ class Session:
     def add(self, record: RequestRecord) -> None:
         self.records.append(record)
 
+    def fail(self, failure: MethodFailure) -> None:
+        """A method stopped: said now in one line (the traceback in failures.log), and at the end of the run."""
+        self.failures.append(failure)
+        warnings.warn(failure.line() + f" (its traceback: {self.out_dir / 'failures.log'})", RuntimeWarning, stacklevel=2)
+
     def frame(self) -> pd.DataFrame:
         return pd.DataFrame([row for r in self.records for row in r.rows()])
 
     def summary(self) -> pd.DataFrame:
-        """Per task and method: sums over the same requests, ratios against draft-free."""
-        return summarize(self.frame(), ["task"])
+        """Per task and method: sums over the same requests, ratios against draft-free. A method that failed has no
+        row: its ratios would cover the requests before it stopped only (samples.jsonl keeps them)."""
+        frame = self.frame()
+        stopped = {f.label for f in self.failures}
+        return summarize(frame[~frame.label.isin(stopped)] if stopped and not frame.empty else frame, ["task"])
 
     def lossy_texts(self) -> dict[tuple[str, int, str], list[str]]:
         """Each lossy method's own texts by (task, doc_id, label), in repeat order: what lm-eval did not score."""
@@ -188,7 +217,8 @@ class Session:
         run = {**self.settings, "fingerprints": self.fingerprints, "mlflow_run_id": self.tracker.run_id,
                "mlflow_tracking_uri": getattr(self.tracker, "uri", None),
                # requests read back from lm-eval's cache (--use_cache): decoded and timed by an earlier process
-               "requests": len(self.records), "resumed_requests": resumed, "peak_memory_mb": round(peak_memory_mb())}
+               "requests": len(self.records), "resumed_requests": resumed, "peak_memory_mb": round(peak_memory_mb()),
+               "failed_methods": {f.label: {"origin": f.origin, "where": f.where, "defect": f.defect} for f in self.failures}}
         rows = [json.dumps(row) + "\n" for r in self.records for row in r.rows()]
         summary = self.summary()
 
@@ -196,6 +226,8 @@ class Session:
             (out / "run.json").write_text(json.dumps(run, indent=1, default=str) + "\n")
             (out / "samples.jsonl").write_text("".join(rows))
             summary.to_csv(out / "summary.csv", index=False)
+            if self.failures:
+                (out / "failures.log").write_text("".join(f"{f.line()}\n{f.trace}\n" for f in self.failures))
 
         self._write(files)
         return self.out_dir / "samples.jsonl"
@@ -210,11 +242,13 @@ class Session:
         which goes on alone."""
         lossy = score_texts(tasks, self.lossy_texts()) if tasks is not None else []
         if self.ranks.world_size > 1:
-            parts = self.ranks.gather_object((self.records, lossy))
+            parts = self.ranks.gather_object((self.records, lossy, self.failures))
             if not self.ranks.main:
                 return
-            self.records = sorted((r for part, _ in parts for r in part), key=lambda r: (r.task or "", r.doc_id or 0, r.repeat))
-            lossy = [row for _, rows in parts for row in rows]
+            self.records = sorted((r for part, _, _ in parts for r in part), key=lambda r: (r.task or "", r.doc_id or 0, r.repeat))
+            lossy = [row for _, rows, _ in parts for row in rows]
+            # each rank stops a method on its own requests; the first rank's word on it stands
+            self.failures = list({f.label: f for _, _, failures in reversed(parts) for f in failures}.values())
         self.flush()
         scored = outcomes((results or {}).get("samples") or {}) + lossy  # lm-eval's per-sample scores: only with --log_samples
         if results is not None:
@@ -233,7 +267,8 @@ class Session:
         if not table.empty:
             columns = ["task", "label", "requests", "forward_ratio", "throughput_ratio", "tokens_per_forward", "lossless"]
             lines += [table[columns].to_string(index=False, float_format=lambda x: f"{x:.3f}"), LEGEND,
-                      *lossy_lines(table, accuracy)]
+                      *lossy_lines(table, accuracy), *slow_drafter_lines(table)]
+        lines += [f.line() for f in self.failures]
         lines.append(f"spot-eval: samples and summary in {self.out_dir}")
         uri = getattr(self.tracker, "uri", None)
         link = self.tracker.ui_link(self.view)
@@ -244,7 +279,7 @@ class Session:
             lines.append(f"spot-eval: MLflow run {self.tracker.run_id} at {uri}" + (f"; its runs table: {link}" if link else ""))
         say_last(lines)  # under lm-eval's command line: after its results table, as the run's last lines
         bad = self.divergences()
-        self.tracker.end("FAILED" if bad and self.args.fail_on_divergence else "FINISHED")
+        self.tracker.end("FAILED" if (bad and self.args.fail_on_divergence) or self.failures else "FINISHED")
         failures = []
         if self.unwritable is not None:
             failures.append(f"spot-eval: the run directory {self.unwritable} could not be written; "
@@ -252,6 +287,10 @@ class Session:
         if bad and self.args.fail_on_divergence:
             lines = [f"  {d['task']} doc {d['doc_id']} (repeat {d['repeat']}) {d['method']}: {describe(d)}" for d in bad]
             failures.append("spot-eval: outputs diverged from draft-free decoding:\n" + "\n".join(lines))
+        if self.failures:
+            failures.append(f"spot-eval: {len(self.failures)} method(s) failed and were stopped ("
+                            f"{', '.join(f.label for f in self.failures)}); the others finished. Tracebacks: "
+                            f"{self.out_dir / 'failures.log'}")
         if failures:
             raise SystemExit("\n".join(failures))
 
@@ -426,6 +465,19 @@ def _task_source(task: str, config: dict) -> HuggingFaceDatasetSource | CodeData
     if upstream:
         tags["upstream_task"] = upstream
     return CodeDatasetSource({k: v for k, v in tags.items() if v is not None})
+
+
+def slow_drafter_lines(table: pd.DataFrame) -> list[str]:
+    """A line per method and task whose drafting took longer than the verifies it fed, with drafting's share of the
+    method's wall time: its drafter, not the target, bounds its speed."""
+    if table.empty or "target_seconds" not in table.columns:
+        return []
+    lines = []
+    for _, r in table[(table.label != "draft_free") & (table.drafter_seconds > table.target_seconds)].iterrows():
+        lines.append(f"spot-eval: WARNING {r.label} on {r.task}: drafting took {r.drafter_seconds / max(r.seconds, 1e-12):.0%} "
+                     f"of its wall time, longer than the target's verify forwards ({r.target_seconds / max(r.seconds, 1e-12):.0%}); "
+                     "its drafter, not the target, bounds its speed")
+    return lines
 
 
 def lossy_lines(table: pd.DataFrame, accuracy: pd.DataFrame) -> list[str]:

@@ -33,6 +33,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 
 MAX_BUDGET = 20  # budget=auto's default cap: the paper's largest budget
+DRAFT_TIMEOUT = 60.0  # seconds a plugin's draft may take: a SPOT tree of 20 nodes takes milliseconds on a CPU
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,10 @@ class RunSettings:
                                             "of budgets, and Spiffy pruned to D* = 3 (its paper default)")
     budgets: str = setting("8", "+-joined budgets for the methods without @budget, or auto")
     max_budget: int = setting(MAX_BUDGET, "budget=auto's cap (methods=spot@auto)")
+    plugins: str | None = setting(None, "+-joined plugin files (.py) or modules whose methods `methods=` may then name "
+                                        "(docs/plugins.md)", unset="none: the built-in methods and installed plugins'")
+    draft_timeout: float = setting(DRAFT_TIMEOUT, "seconds one draft of a plugin's method may take before the method is "
+                                                  "stopped as hung (the run's other methods go on)")
     reference: bool = setting(True, "decode draft-free too, and diff every method against it")
     fail_on_divergence: bool = setting(True, "end with a non-zero exit naming the diverging requests, after everything "
                                              "is logged")

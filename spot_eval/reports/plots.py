@@ -18,13 +18,9 @@ import pandas as pd  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-from spot_eval import families  # noqa: E402
+from spot_eval import registry  # noqa: E402
 from spot_eval.reports.table2 import ANCHOR, display_name, row_key  # noqa: E402
 
-# Okabe & Ito (2008), "Color universal design": one colour per method family (spot_eval.families).
-FAMILY_COLOURS = {f.name: f.colour for f in families.FAMILIES}
-FAMILY_HATCHES = {f.name: f.hatch for f in families.FAMILIES}  # a variant beside its family (Spiffy v1, SSD)
-OTHER = "#666666"
 LARGE_BUDGET = 10  # budgets from here on are hatched: the paper's two budgets per method (8, 20; Spiffy 3, 10) differ
 
 
@@ -32,8 +28,9 @@ def style(label: str) -> dict:
     """Bar colour and hatch of a method label (`spot@20`, `spot@auto`, `draft_free`)."""
     name, _, budget = label.partition("@")
     hatch = "xx" if budget == "auto" else ("//" if budget.isdigit() and int(budget) >= LARGE_BUDGET else "")
-    hatch += FAMILY_HATCHES.get(name, "")
-    return {"color": FAMILY_COLOURS.get(name, OTHER), "hatch": hatch, "edgecolor": "white" if hatch else None}
+    method = registry.described(name)  # its colour (the built-ins': Okabe & Ito's, one per family) and a variant's hatch
+    hatch += method.hatch
+    return {"color": method.colour, "hatch": hatch, "edgecolor": "white" if hatch else None}
 
 
 def _legend_name(label: str, policy: str) -> str:
@@ -122,7 +119,7 @@ def frontier_figure(numbers: pd.DataFrame, title: str) -> Figure:
                 line = line.sort_values("mean_tree_size")
                 bound = name == BOUND
                 ax.plot(line.mean_tree_size, line.forward_mean, marker="o" if not bound else None, ms=3.5,
-                        color=FAMILY_COLOURS.get(name, OTHER), lw=1.6 if bound else 1.2, ls="--" if bound else "-",
+                        color=registry.described(name).colour, lw=1.6 if bound else 1.2, ls="--" if bound else "-",
                         label=display_name(name) + (" (the bound)" if bound else ""))
             ax.axhline(1.0, color="grey", lw=0.8, ls=":")
             ax.set_title(f"{task.removeprefix('spot_')}, {policy}, T = {temperature:g}", fontsize=8)

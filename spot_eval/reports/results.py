@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from spot_eval import registry
+
 FORMAT = "spot-eval-results/1"
 SAMPLE_FIELDS = (
     "task", "doc_id", "repeat", "request", "label", "method", "budget", "tokens", "forwards", "steps",
@@ -111,6 +113,7 @@ def read_run(run_dir: str | Path) -> Bundle:
         run = json.loads(run_file.read_text())
     except json.JSONDecodeError as err:
         raise ResultsError(f"{run_file} is not JSON ({err.msg}); the run directory is corrupt") from None
+    registry.remember(run.get("methods") or {})  # a plugin's name and colour, where it is not installed here
     decoder = run.get("decoder") or {}
     temperature = float((decoder.get("sampling") or {}).get("temperature", 0.0))
     seed = int(decoder.get("seed", 0))
@@ -255,9 +258,11 @@ def summarize(samples: pd.DataFrame, keys: list[str], anchor: str | None = None)
     # A run directory's samples say which requests were resumed; a bundle's keep none of them.
     df = samples.assign(verifies=samples["accepted_lengths"].map(len),
                         resumed=samples["resumed"].eq(True) if "resumed" in samples.columns else False)
+    # target_seconds: the verify forwards' share of `seconds` (results written before it was kept have none)
+    target = {"target_seconds": ("target_seconds", "sum")} if "target_seconds" in df.columns else {}
     grouped = df.groupby([*keys, "label"], sort=False).agg(
         requests=("forwards", "size"), resumed=("resumed", "sum"), tokens=("tokens", "sum"), forwards=("forwards", "sum"),
-        steps=("steps", "sum"), seconds=("seconds", "sum"), drafter_seconds=("drafter_seconds", "sum"),
+        steps=("steps", "sum"), seconds=("seconds", "sum"), drafter_seconds=("drafter_seconds", "sum"), **target,
         lossless=("lossless", "mean"), lossy=("lossy", "max"), token_divergence=("token_divergence", "mean"),
         draft_nodes=("draft_nodes", "sum"), verifies=("verifies", "sum"),
     ).reset_index()

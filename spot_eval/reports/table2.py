@@ -20,12 +20,11 @@ from __future__ import annotations
 
 import pandas as pd
 
-from spot_eval import families
+from spot_eval import families, registry
 from spot_eval.reports.results import Bundle, over_seeds, summarize
 
 ANCHOR = "single"  # the policy every section is anchored on: standard single-commit decoding
-FAMILIES = tuple(f.name for f in families.FAMILIES)  # row order within a section
-DISPLAY = {f.name: f.display for f in families.FAMILIES}
+FAMILIES = tuple(f.name for f in families.FAMILIES)  # row order within a section (a plugin's methods after, by name)
 LOSSLESS, DIVERGED, INCONCLUSIVE, BY_DESIGN = "✓", "✗", "inconclusive", "lossy"
 COLUMNS = ("tput ×", "fwd ×", "τ", "acc.", "lossless")  # throughput and forward ratios; τ: mean accepted steps per forward (Spec-Bench)
 
@@ -42,7 +41,8 @@ def display_name(label: str, policy: str = ANCHOR) -> str:
     if label == "draft_free" and policy != ANCHOR:
         return f"{policy} decoding"
     name, _, budget = label.partition("@")
-    return f"{DISPLAY.get(name, name)} @{budget}" if budget else DISPLAY.get(name, name)
+    display = registry.described(name).display
+    return f"{display} @{budget}" if budget else display
 
 
 def accuracy_metrics(bundle: Bundle) -> pd.DataFrame:
