@@ -70,18 +70,33 @@ class DraftTree:
         return out
 
 
-def defect(tree: object, root: torch.Tensor, budget: int, vocab_size: int, mask_id: int) -> str | None:
+def unchecked(states: torch.Tensor, parents: tuple, scores: tuple | None = None, reach: tuple | None = None) -> DraftTree:
+    """A DraftTree built without its own checks, for `defect` to judge and name what is wrong (a drafter's tree as
+    the engine copies it, spot.drafters.base.checked)."""
+    tree = object.__new__(DraftTree)
+    for name, value in (("states", states), ("parents", parents), ("scores", scores), ("reach", reach)):
+        object.__setattr__(tree, name, value)
+    return tree
+
+
+def defect(tree: object, root: torch.Tensor, budget: int, vocab_size: int, mask_id: int, shallow: bool = False) -> str | None:
     """What is wrong with `tree` as a drafter's answer for the block state `root` [K] under `budget`, said as what
     it is ("a list, not a spot.tree.DraftTree"), or None for a well-formed tree: a DraftTree of int64 states
     [N + 1, K] with N <= budget, row 0 equal to `root`, every token in the vocabulary, each drafted node equal to the
     root wherever the root is not masked (a node only fills masked positions), parents that make a tree (each node
     under earlier nodes) and reach probabilities in [0, 1]. Rechecked here, whatever DraftTree's own checks
-    said: a drafter may build one around them."""
-    if not isinstance(tree, DraftTree):
+    said: a drafter may build one around them. A subclass of DraftTree or of torch.Tensor is refused: its reads may
+    answer differently each time. `shallow`: the types alone (spot.drafters.base.checked copies, then checks it all).
+    """
+    if type(tree) is not DraftTree:
         return f"a {type(tree).__name__}, not a spot.tree.DraftTree"
     states, k = tree.states, root.shape[0]
-    if not isinstance(states, torch.Tensor) or states.dim() != 2 or states.shape[1] != k or states.shape[0] < 1:
-        shape = tuple(states.shape) if isinstance(states, torch.Tensor) else type(states).__name__
+    if type(states) is not torch.Tensor or states.device.type == "meta":
+        return f"states of type {type(states).__name__}{' on the meta device' if type(states) is torch.Tensor else ''}; a tree's states are a torch.Tensor with values"
+    if shallow:
+        return None
+    if states.dim() != 2 or states.shape[1] != k or states.shape[0] < 1:
+        shape = tuple(states.shape)
         return f"states of shape {shape}; a tree's states are [N + 1, {k}], one row per node of a {k}-position block"
     if states.dtype != torch.int64:
         return f"{states.dtype} states; token ids are torch.int64"

@@ -173,7 +173,7 @@ def shown_commands() -> list[str]:
     continuation lines joined."""
     out = []
     for text in [README.read_text(), *(p.read_text() for p in pages())]:
-        blocks = re.findall(r"```(?:bash|text)?\n(.*?)```", text, flags=re.S)
+        blocks = [body for lang, body in re.findall(r"```(\w*)\n(.*?)```", text, flags=re.S) if lang in ("", "bash", "text")]
         spans = re.findall(r"(?<!`)`([^`\n]+)`(?!`)", re.sub(r"```.*?```", "", text, flags=re.S))
         for chunk in [*blocks, *spans]:
             for line in chunk.replace("\\\n", " ").splitlines():

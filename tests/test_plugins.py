@@ -279,3 +279,14 @@ def test_methods_lists_each_method_with_where_it_comes_from(tmp_path, capsys):
     assert not rows["sets_max"]["exact"] and "draft_free" not in rows
     table = run_cli(capsys, "methods").stdout
     assert table.splitlines()[0].split() == ["method", "from", "exact", "reads", "a", "new", "target", "costs"]
+
+
+@pytest.mark.slow
+def test_the_docs_worked_example_is_a_plugin_that_passes_the_conformance_check(tiny, tmp_path):
+    """docs/plugins.md's example, pasted into a file as a reader would, loads, and conforms on every quick cell."""
+    page = (ROOT / "docs" / "plugins.md").read_text()
+    example = next(body for body in page.split("```python\n")[1:] if "Method(" in body).split("```")[0]
+    [entry] = registry.load_plugins([str(plugin_file(tmp_path, example, "confident_chain.py"))])
+    assert entry.method.name == "confident_chain" and len(example.splitlines()) <= 45
+    report = check_method("confident_chain", quick=True, checkpoint=tiny)
+    assert report.passed, report.table()

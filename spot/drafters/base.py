@@ -15,7 +15,7 @@ from typing import Protocol, runtime_checkable
 import torch
 
 from spot.config import DecodeConfig
-from spot.tree import DraftTree, defect
+from spot.tree import DraftTree, defect, unchecked
 
 
 @dataclass(frozen=True)
@@ -113,15 +113,29 @@ def draft_all(drafter: Drafter, ctxs: Sequence[DraftContext]) -> list[object]:
 
 
 def checked(drafter: Drafter, tree: object, root: torch.Tensor, budget: int, vocab_size: int, mask_id: int) -> DraftTree:
-    """`tree` as the engine takes it: checked to be a well-formed tree for the block state `root` [K] under
-    `budget` (spot.tree.defect), and copied onto the CPU, so that nothing the drafter keeps reaches the engine.
+    """`tree` as the engine takes it: copied first, onto the CPU as plain tensors and tuples (each field read once,
+    so that what is checked is what the engine keeps, and nothing the drafter holds reaches it), then checked to
+    be a well-formed tree for the block state `root` [K] under `budget` (spot.tree.defect).
 
     Raises:
         DraftError: naming the drafter and the tree's first defect.
     """
-    found = defect(tree, root, budget, vocab_size, mask_id)
+    found = defect(tree, root, budget, vocab_size, mask_id, shallow=True)  # exact types first: no subclass's reads
+    if found is None:
+        try:
+            copy = unchecked(tree.states.detach().to("cpu", copy=True), tuple(tuple(ps) for ps in tree.parents),
+                             None if tree.scores is None else tuple(_number(v) for v in tree.scores),
+                             None if tree.reach is None else tuple(_number(v) for v in tree.reach))
+        except (TypeError, ValueError, RuntimeError, NotImplementedError) as err:
+            raise DraftError(name_of(drafter), f"returned a tree that cannot be read ({type(err).__name__}: {err})") from err
+        found = defect(copy, root, budget, vocab_size, mask_id)
     if found is not None:
         raise DraftError(name_of(drafter), f"returned {found}")
-    return DraftTree(tree.states.detach().to("cpu", copy=True), tuple(tuple(int(p) for p in ps) for ps in tree.parents),
-                     None if tree.scores is None else tuple(float(s) for s in tree.scores),
-                     None if tree.reach is None else tuple(float(r) for r in tree.reach))
+    return copy
+
+
+def _number(value: object) -> float:
+    """A score or reach as a float: a Python or numpy number, never a string or a tensor that computes on reading."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"a score or reach value {value!r} is not a number")
+    return float(value)

@@ -355,7 +355,9 @@ class SpotLM(LM):
                              tokenizer(context, add_special_tokens=False)["input_ids"]))
         references = generate_batch(self.target, [Request(j.ids, j.config, number=j.number) for j in jobs], b, decode=decode,
                                     record=True, record_margins=True)
-        methods = [[MethodRecord.of("draft_free", 0, ref, ref, j.config, mask_id)] for ref, j in zip(references, jobs, strict=True)]
+        eos = self.target.eos_ids
+        methods = [[MethodRecord.of("draft_free", 0, ref, ref, j.config, mask_id, eos_ids=eos)]
+                   for ref, j in zip(references, jobs, strict=True)]
         for spec in list(self.specs):
             auto = self._sizings.get(spec.label)
             try:
@@ -372,7 +374,8 @@ class SpotLM(LM):
             for got, ref, j, mine in zip(decoded, references, jobs, methods, strict=True):
                 if auto:
                     auto.observe(got.stats)
-                mine.append(MethodRecord.of(spec.name, spec.budget, got, ref, j.config, mask_id, auto=spec.auto, lossy=spec.lossy))
+                mine.append(MethodRecord.of(spec.name, spec.budget, got, ref, j.config, mask_id, auto=spec.auto, lossy=spec.lossy,
+                                            eos_ids=eos))
         records = []
         for ref, j, mine in zip(references, jobs, methods, strict=True):
             alone = None if b == 1 else diverge(ref, generate(self.target, j.ids, j.config, request=j.number, decode=decode,

@@ -20,6 +20,7 @@ import torch
 
 from spot import DecodeConfig, Generation
 from spot.policy import Margins, Proposal, ranked, ranked_picks, threshold_as_met
+from spot_eval.harness.padding import after_eos_forwards
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,7 @@ class MethodRecord:
     lossy: bool = False  # differs from draft-free by design (max-commit): a divergence is measured, not a failure
     token_divergence: float = 0.0  # the fraction of output positions whose token differs from draft-free's
     text: str | None = None  # a lossy method's own output text, which lm-eval does not score (spot_eval.harness.rescore)
+    after_eos_forwards: int = 0  # forwards that only wrote positions after the answer's first EOS (spot_eval.harness.padding)
 
     @property
     def label(self) -> str:
@@ -74,14 +76,16 @@ class MethodRecord:
     @classmethod
     def of(
         cls, method: str, budget: int, got: Generation, reference: Generation, config: DecodeConfig, mask_id: int,
-        auto: bool = False, lossy: bool = False,
+        auto: bool = False, lossy: bool = False, eos_ids: frozenset[int] = frozenset(),
     ) -> MethodRecord:
-        """`got` and `reference` with their trajectories (record=True; the reference with record_margins=True)."""
+        """`got` and `reference` with their trajectories (record=True; the reference with record_margins=True);
+        `eos_ids`, the target's, tell the forwards spent after the answer's first EOS."""
         s = got.stats
         return cls(
             method, budget, got.token_ids, s.forwards, s.steps, s.seconds, s.target_seconds, s.drafter_seconds,
             s.accepted_lengths, diverge(got, reference, config, mask_id), s.draft_nodes, auto, lossy,
             token_divergence(got.token_ids, reference.token_ids), got.text if lossy else None,
+            after_eos_forwards(got, eos_ids, mask_id),
         )
 
 

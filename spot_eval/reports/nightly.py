@@ -147,6 +147,8 @@ def lm_eval_command(suite: Suite, temperature: float, seed: int, run_dir: Path, 
         "--limit", str(suite.limit), "--log_samples", "--output_path", str(run_dir / "lm_eval"),
         # A task's max_gen_toks wins over the model's gen_length (lm-eval's rule): the suite's length caps every task.
         "--gen_kwargs", f"max_gen_toks={suite.gen_length}", "--batch_size", str(suite.batch_size),
+        # every decoded request kept as it finishes: an interrupted run resumes where it stopped (spot_eval.harness.lm)
+        "--use_cache", str(run_dir / "cache" / "lm_eval"),
     ]
 
 
@@ -164,14 +166,28 @@ def run_suite(suite: Suite, report_dir: Path, tracking_uri: str | None, log=prin
             command = lm_eval_command(suite, temperature, seed, run_dir, tracking_uri)
             log(f"nightly: {run_dir.name}: {' '.join(command)}")
             started = time.perf_counter()
-            done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"})
-            (run_dir / "lm_eval.log").parent.mkdir(parents=True, exist_ok=True)
-            (run_dir / "lm_eval.log").write_text(done.stdout + done.stderr)
-            if done.returncode != 0 or not (run_dir / "outcomes.jsonl").is_file():
-                tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-8:])
-                raise NightlyError(f"lm_eval failed for {run_dir.name} (exit {done.returncode}); log in {run_dir / 'lm_eval.log'}:\n{tail}")
+            (run_dir / "cache").mkdir(parents=True, exist_ok=True)
+            returncode, output = _run_shown(command, run_dir / "lm_eval.log")
+            if returncode != 0 or not (run_dir / "outcomes.jsonl").is_file():
+                tail = "\n".join(output.strip().splitlines()[-8:])
+                raise NightlyError(f"lm_eval failed for {run_dir.name} (exit {returncode}); log in {run_dir / 'lm_eval.log'}:\n{tail}")
             log(f"nightly: {run_dir.name} done in {time.perf_counter() - started:.0f} s")
     return runs
+
+
+def _run_shown(command: list[str], log_file: Path) -> tuple[int, str]:
+    """Run `command`, its output into `log_file` as it comes and its progress bar (lm_eval's `spot` bar, on stderr)
+    onto this process's stderr as well, so a run of hours shows where it is. Returns its exit status and output."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    with log_file.open("wb") as log, subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env) as run:
+        while chunk := run.stdout.read1(1 << 16):
+            log.write(chunk)
+            log.flush()
+            if b"spot" in chunk and b"req" in chunk:  # the bar's redraws (tqdm writes "\r" lines), not lm-eval's log
+                sys.stderr.buffer.write(chunk[chunk.rfind(b"\r"):] if b"\r" in chunk else chunk)
+                sys.stderr.flush()
+        returncode = run.wait()
+    return returncode, log_file.read_text(errors="replace")
 
 
 # -- 2. baseline -----------------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from spot_eval import registry
@@ -28,7 +29,7 @@ FORMAT = "spot-eval-results/1"
 SAMPLE_FIELDS = (
     "task", "doc_id", "repeat", "request", "label", "method", "budget", "tokens", "forwards", "steps",
     "seconds", "target_seconds", "drafter_seconds", "accepted_lengths", "lossless", "divergence", "draft_nodes",
-    "mean_tree_size", "lossy", "token_divergence",
+    "mean_tree_size", "lossy", "token_divergence", "after_eos_forwards",
 )
 NEEDED = ("task", "label", "forwards", "steps", "seconds", "drafter_seconds", "tokens", "accepted_lengths", "lossless",
           "lossy", "token_divergence", "draft_nodes")  # what `summarize` reads of each sample
@@ -260,21 +261,37 @@ def summarize(samples: pd.DataFrame, keys: list[str], anchor: str | None = None)
                         resumed=samples["resumed"].eq(True) if "resumed" in samples.columns else False)
     # target_seconds: the verify forwards' share of `seconds` (results written before it was kept have none)
     target = {"target_seconds": ("target_seconds", "sum")} if "target_seconds" in df.columns else {}
+    # after_eos_forwards: results written before it was kept have none (their padding columns stay empty)
+    padding = {"after_eos_forwards": ("after_eos_forwards", "sum")} if _has_padding(df) else {}
     grouped = df.groupby([*keys, "label"], sort=False).agg(
         requests=("forwards", "size"), resumed=("resumed", "sum"), tokens=("tokens", "sum"), forwards=("forwards", "sum"),
         steps=("steps", "sum"), seconds=("seconds", "sum"), drafter_seconds=("drafter_seconds", "sum"), **target,
         lossless=("lossless", "mean"), lossy=("lossy", "max"), token_divergence=("token_divergence", "mean"),
-        draft_nodes=("draft_nodes", "sum"), verifies=("verifies", "sum"),
+        draft_nodes=("draft_nodes", "sum"), verifies=("verifies", "sum"), **padding,
     ).reset_index()
     grouped["lossy"] = grouped["lossy"].astype(bool)
-    reference = grouped[grouped["label"] == "draft_free"].set_index(keys)[["forwards", "seconds"]]
+    sums = ["forwards", "seconds", *padding]
+    reference = grouped[grouped["label"] == "draft_free"].set_index(keys)[sums]
+    over = reference.reindex(_reference_index(grouped, keys, anchor))
+    grouped["forward_ratio"] = over["forwards"].to_numpy() / grouped["forwards"]
+    grouped["throughput_ratio"] = over["seconds"].to_numpy() / grouped["seconds"]
+    if padding:
+        grouped["forward_ratio_to_eos"] = ((over["forwards"] - over["after_eos_forwards"]).to_numpy()
+                                           / (grouped["forwards"] - grouped["after_eos_forwards"]))
+    return _pooled(grouped)
+
+
+def _has_padding(samples: pd.DataFrame) -> bool:
+    return "after_eos_forwards" in samples.columns and bool(samples["after_eos_forwards"].notna().all())
+
+
+def _reference_index(grouped: pd.DataFrame, keys: list[str], anchor: str | None) -> pd.Index:
+    """Where each row's reference sits among the draft-free rows: the same keys, and under `anchor` a policy's own
+    draft-free decoder against the anchor policy's."""
     own = grouped[keys].copy()
     if anchor is not None and "policy" in keys:
         own["policy"] = grouped["policy"].where(grouped["label"] != "draft_free", anchor)
-    over = reference.reindex(pd.MultiIndex.from_frame(own) if len(keys) > 1 else own[keys[0]])
-    grouped["forward_ratio"] = over["forwards"].to_numpy() / grouped["forwards"]
-    grouped["throughput_ratio"] = over["seconds"].to_numpy() / grouped["seconds"]
-    return _pooled(grouped)
+    return pd.MultiIndex.from_frame(own) if len(keys) > 1 else pd.Index(own[keys[0]])
 
 
 def _pooled(sums: pd.DataFrame) -> pd.DataFrame:
@@ -283,6 +300,8 @@ def _pooled(sums: pd.DataFrame) -> pd.DataFrame:
     sums["tokens_per_forward"] = sums["tokens"] / sums["forwards"]
     sums["drafter_share"] = sums["drafter_seconds"] / sums["seconds"]
     sums["mean_tree_size"] = sums["draft_nodes"] / sums["verifies"].clip(lower=1)
+    if "after_eos_forwards" in sums.columns:
+        sums["after_eos_share"] = sums["after_eos_forwards"] / sums["forwards"]
     return sums
 
 
@@ -296,5 +315,85 @@ def over_seeds(summary: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
         seeds=("seed", "nunique"), requests=("requests", "sum"), resumed=("resumed", "sum"), tokens=("tokens", "sum"),
         forwards=("forwards", "sum"), steps=("steps", "sum"), seconds=("seconds", "sum"),
         drafter_seconds=("drafter_seconds", "sum"), draft_nodes=("draft_nodes", "sum"), verifies=("verifies", "sum"),
+        **({"after_eos_forwards": ("after_eos_forwards", "sum")} if "after_eos_forwards" in summary.columns else {}),
     ).reset_index()
     return _pooled(out)
+
+
+# -- intervals ------------------------------------------------------------------------------------------------------
+
+REPLICATES = 2000  # bootstrap resamples: the 2.5th and 97.5th percentiles move by well under 1% of a ratio beyond it
+INTERVAL = ("forward", "throughput", "to_eos")  # the ratios each cell gets an interval of: (name)_low, (name)_high
+
+
+def ratio_replicates(samples: pd.DataFrame, keys: list[str], anchor: str | None = None,
+                     replicates: int = REPLICATES) -> dict[tuple, dict[str, np.ndarray]]:
+    """The bootstrap over items behind every interval the reports show: per (keys without seed) + label, each
+    ratio of `INTERVAL` recomputed on `replicates` resamples of the items (a task's documents, with every seed and
+    repeat of a document kept together), the method and its reference on the same resample, as `summarize`
+    defines the ratios (sums over the requests). Seeded: the same samples give the same intervals.
+
+    Returns {(*key values, label): {"forward": [R], "throughput": [R], "to_eos": [R] (with padding counts)}}."""
+    keys = [k for k in keys if k != "seed"]
+    rng = np.random.default_rng(0)
+    padded = _has_padding(samples)
+    out: dict[tuple, dict[str, np.ndarray]] = {}
+    for key, part in samples.groupby(keys, sort=False) if keys else [((), samples)]:
+        key = key if isinstance(key, tuple) else (key,)
+        docs = pd.Index(sorted(part["doc_id"].unique()))
+        picks = rng.multinomial(len(docs), np.full(len(docs), 1 / len(docs)), size=replicates)  # [R, items]
+
+        columns = ["forwards", "seconds", *(["after_eos_forwards"] if padded else [])]
+        for label in part.label.unique():
+            reference_rows = part
+            if label == "draft_free" and anchor is not None and "policy" in keys and key[keys.index("policy")] != anchor:
+                at = dict(zip(keys, key, strict=True)) | {"policy": anchor}
+                reference_rows = samples[np.logical_and.reduce([samples[k] == v for k, v in at.items()])]
+                if reference_rows.empty:
+                    continue
+            reference, mine = _per_item(reference_rows, "draft_free", docs, columns), _per_item(part, label, docs, columns)
+            ref, own = picks @ reference, picks @ mine  # [R, columns]: the sums on each resample
+            with np.errstate(divide="ignore", invalid="ignore"):
+                ratios = {"forward": ref[:, 0] / own[:, 0], "throughput": ref[:, 1] / own[:, 1]}
+                if padded:
+                    ratios["to_eos"] = (ref[:, 0] - ref[:, 2]) / (own[:, 0] - own[:, 2])
+            out[(*key, label)] = ratios
+    return out
+
+
+def _per_item(rows: pd.DataFrame, label: str, docs: pd.Index, columns: list[str]) -> np.ndarray:
+    """[items, columns]: one label's sums per document (over its seeds and repeats), in the order of `docs`."""
+    return rows[rows.label == label].groupby("doc_id")[columns].sum().reindex(docs, fill_value=0).to_numpy(float)
+
+
+def intervals(samples: pd.DataFrame, keys: list[str], anchor: str | None = None, level: float = 0.95) -> pd.DataFrame:
+    """Per (keys without seed) + label: the `level` percentile interval of each ratio of `INTERVAL` over the items
+    (`ratio_replicates`), as columns forward_low, forward_high, throughput_low, ... (to_eos: with padding counts)."""
+    keys = [k for k in keys if k != "seed"]
+    rows = []
+    for key, ratios in ratio_replicates(samples, keys, anchor).items():
+        row = dict(zip([*keys, "label"], key, strict=True))
+        for name, values in ratios.items():
+            row[f"{name}_low"], row[f"{name}_high"] = percentile_interval(values, level)
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def percentile_interval(values: np.ndarray, level: float = 0.95) -> tuple[float, float]:
+    """The central `level` interval of bootstrap replicates (NaN where no replicate is finite)."""
+    finite = values[np.isfinite(values)]
+    if not len(finite):
+        return float("nan"), float("nan")
+    tail = 100 * (1 - level) / 2
+    low, high = np.percentile(finite, [tail, 100 - tail])
+    return float(low), float(high)
+
+
+def mean_interval(replicates: dict[tuple, dict[str, np.ndarray]], group: tuple, over: int, ratio: str = "forward",
+                  level: float = 0.95) -> tuple[float, float]:
+    """The interval of a mean over one key (position `over` in the keys, e.g. the task), for the replicates whose other
+    keys and label equal `group` (the same tuple with that position left out): each resample's mean of the ratios."""
+    rows = [r[ratio] for key, r in replicates.items() if key[:over] + key[over + 1:] == group and ratio in r]
+    if not rows:
+        return float("nan"), float("nan")
+    return percentile_interval(np.mean(np.stack(rows), axis=0), level)
