@@ -324,8 +324,9 @@ def _draft(run: _Run, block: _Block) -> Generator[_Draft, _Drafted, _Drafted]:
     budget = run.config.budget if block.stale is None else block.plan.nodes
     if budget <= 0:
         return _Drafted(DraftTree.root_only(block.state), 0.0)
-    # The drafter's own copies of the state, config and noise (spot.drafters.base): a write reaches nothing of ours.
-    ctx = DraftContext(block.state.clone(), block.stale, block.stale_state, block.prior, run.drafter_config,
+    # The drafter's own copies of the states, config and noise (spot.drafters.base): a write reaches nothing of ours.
+    stale_state = None if block.stale_state is None else block.stale_state.clone()  # under max_commit, a state we keep
+    ctx = DraftContext(block.state.clone(), block.stale, stale_state, block.prior, run.drafter_config,
                        run.target.mask_id, run.request, block.index, block.step, budget, block.drafter_noise,
                        block.plan.mode, block.stale_hidden, run.target.logits_dtype, block.prefix)
     drafted = yield _Draft(run.drafter, ctx)

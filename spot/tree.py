@@ -93,6 +93,8 @@ def defect(tree: object, root: torch.Tensor, budget: int, vocab_size: int, mask_
     states, k = tree.states, root.shape[0]
     if type(states) is not torch.Tensor or states.device.type == "meta":
         return f"states of type {type(states).__name__}{' on the meta device' if type(states) is torch.Tensor else ''}; a tree's states are a torch.Tensor with values"
+    if states.dim() == 2 and states.shape[0] - 1 > budget:  # before anything copies an oversized tree
+        return f"{states.shape[0] - 1} nodes for budget {budget}"
     if shallow:
         return None
     if states.dim() != 2 or states.shape[1] != k or states.shape[0] < 1:

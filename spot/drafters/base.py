@@ -41,7 +41,7 @@ class DraftContext:
     prefix: [L] int64 on the CPU, the tokens before the block: the prompt and every committed block (what a
         lookup drafter matches against); the block's own prompt positions, if any, are in `state`.
 
-    What the engine hands over is the drafter's to read, never to write: `state`, `config` and every noise tensor
+    What the engine hands over is the drafter's to read, never to write: `state`, `stale_state`, `config` and every noise tensor
     `gumbel` returns are the drafter's own copies, and the engine reads neither the logits nor the hidden states
     again once a drafter has them (it keeps its own copies of what it records), so a write reaches nothing but the
     drafter's own later inputs.
@@ -81,7 +81,8 @@ class Drafter(Protocol):
 
 class DraftError(RuntimeError):
     """A drafter broke the contract: it raised, returned something that is not a well-formed tree for its context,
-    or returned too few trees. `drafter` names it, `defect` says what it did; the decoding it drafted for stops."""
+    or returned too few trees. `drafter` names it, `defect` says what it did; the decoding it drafted for stops, and
+    at batch B > 1 (spot.engine.generations) the batch's other decodings with it."""
 
     def __init__(self, drafter: str, defect: str) -> None:
         super().__init__(f"drafter {drafter!r} {defect}")
