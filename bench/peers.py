@@ -7,21 +7,24 @@ and T = 1; and Spiffy v4 and v1 at D* = 3 on the same graph. At T = 1 FreeDave's
 every depth, FreeDave's code; spot.drafters.freedave) beside the coupled-noise chain.
 
 Every prompt is decoded draft-free and by every method in one process, back to back (the order rotating from
-prompt to prompt). Per (task, T, policy, method): forward_ratio and throughput_ratio of sums over the prompts
-(spot_eval.reports.results.RATIOS), and the median over prompts of each prompt's forward ratio, side by side;
-every method's tokens are checked against draft-free. Prints one JSON line per row, then a verdict line per
+prompt to prompt). Per (task, T, policy, method), from the same per-request records and definitions as the reports
+(spot_eval.reports.results): forward_ratio and throughput_ratio of sums over the prompts, each with its 95% interval
+over the items (forward_low, forward_high, ...), the share of forwards after the answer's first EOS (padding) and
+the forward ratio without them, and the median over prompts of each prompt's forward ratio, side by side; every
+method's tokens are checked against draft-free. The items are test items --first .. --first + --prompts - 1 of each
+task (by default past the ones the committed comparison decodes). Prints one JSON line per row, then a verdict line per
 (T, policy, budget): which of the trained and the training-free drafter saved more forwards, task by task.
 
-Usage: python bench/peers.py [--prompts 10] [--gen 128] [--budgets 4+8] [--tasks gsm8k+mbpp] [--threads 1]
+Usage: python bench/peers.py [--prompts 40] [--first 40] [--gen 128] [--budgets 4+8] [--tasks gsm8k+mbpp] [--threads 1]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import statistics
 from dataclasses import replace
 
+import pandas as pd
 import torch
 from speedup import prompts_for
 
@@ -31,6 +34,8 @@ from spot.drafters.freedave import FreeDaveDrafter
 from spot_eval.checkpoints.shipped import EMBEDDED_TARGET
 from spot_eval.checkpoints.target import encode_prompt, load_target
 from spot_eval.harness.methods import MethodSpec, build_drafter
+from spot_eval.harness.padding import after_eos_forwards
+from spot_eval.reports.results import intervals, summarize
 
 TASKS = ("gsm8k", "math500", "humaneval", "mbpp")
 TRAINED = {"single": "spot", "threshold": "sets"}  # the trained drafter each policy is measured with
@@ -51,33 +56,54 @@ def methods(target, policy: str, budgets: list[int], temperature: float) -> dict
     return out
 
 
-def measure(target, prompts: list[list[int]], task: str, policy: str, temperature: float, budgets: list[int], gen: int) -> list[dict]:
+def measure(target, prompts: list[list[int]], task: str, policy: str, temperature: float, budgets: list[int], gen: int,
+            first: int) -> list[dict]:
+    """One samples row per prompt and method, as a run directory keeps them (spot_eval.reports.results.SAMPLE_FIELDS):
+    what `rows` summarises with the reports' own definitions."""
     config = DecodeConfig(policy=policy, threshold=0.9, block_length=target.block_length, gen_length=gen,
                           sampling=Sampling(temperature), seed=1)
-    per: dict[str, list[tuple[int, float, bool]]] = {}
+    samples = []
     drafters = methods(target, policy, budgets, temperature)
     labels = list(drafters)
+
+    def sample(label: str, budget: int, got, reference) -> dict:
+        s = got.stats
+        return {"task": task, "doc_id": first + i, "repeat": 0, "temperature": temperature, "policy": policy, "seed": 1,
+                "label": label, "budget": budget, "tokens": len(got.token_ids), "forwards": s.forwards, "steps": s.steps,
+                "seconds": s.seconds, "drafter_seconds": s.drafter_seconds, "target_seconds": s.target_seconds,
+                "accepted_lengths": list(s.accepted_lengths), "draft_nodes": s.draft_nodes, "lossy": False,
+                "lossless": got.token_ids == reference.token_ids, "token_divergence": 0.0,
+                "after_eos_forwards": after_eos_forwards(got, target.eos_ids, target.mask_id)}
+
     for i, ids in enumerate(prompts):
         reference = generate(target, ids, config, request=i, record=True)
-        runs = {"draft_free": (reference.stats.forwards, reference.stats.seconds, True)}
+        samples.append(sample("draft_free", 0, reference, reference))
         for label in labels[i % len(labels):] + labels[: i % len(labels)]:
             budget, drafter = drafters[label]
             drafter = drafter or OracleDrafter(reference.trajectory)
-            got = generate(target, ids, replace(config, budget=budget), drafter=drafter, request=i)
-            runs[label] = got.stats.forwards, got.stats.seconds, got.token_ids == reference.token_ids
-        for label, run in runs.items():
-            per.setdefault(label, []).append(run)
-    free = per["draft_free"]
-    rows = []
-    for label, runs in per.items():
-        rows.append({
-            "bench": "peers", "task": task, "temperature": temperature, "policy": policy, "method": label,
-            "requests": len(runs), "forward_ratio": sum(f for f, _, _ in free) / sum(f for f, _, _ in runs),
-            "forward_ratio_median": statistics.median(a[0] / b[0] for a, b in zip(free, runs, strict=True)),
-            "throughput_ratio": sum(s for _, s, _ in free) / sum(s for _, s, _ in runs),
-            "lossless": sum(ok for _, _, ok in runs) / len(runs),
-        })
-    return rows
+            got = generate(target, ids, replace(config, budget=budget), drafter=drafter, request=i, record=True)
+            samples.append(sample(label, budget, got, reference))
+    return samples
+
+
+def rows(samples: pd.DataFrame) -> list[dict]:
+    """Per (task, T, policy, method): the reports' ratios of sums (spot_eval.reports.results.summarize), each with its
+    95% interval over the items (`intervals`), the share of forwards after the answer's first EOS and the forward
+    ratio without them, and the median of each prompt's own forward ratio."""
+    keys = ["task", "temperature", "policy"]
+    table = summarize(samples, keys).merge(intervals(samples, keys), on=[*keys, "label"], how="left")
+    per = samples.pivot_table(index=[*keys, "doc_id"], columns="label", values="forwards")
+    out = []
+    for r in table.itertuples():
+        mine = per[r.label].groupby(level=[0, 1, 2]).get_group((r.task, r.temperature, r.policy))
+        free = per["draft_free"].groupby(level=[0, 1, 2]).get_group((r.task, r.temperature, r.policy))
+        out.append({"bench": "peers", "task": r.task, "temperature": r.temperature, "policy": r.policy, "method": r.label,
+                    "requests": r.requests, "forward_ratio": r.forward_ratio, "forward_low": r.forward_low,
+                    "forward_high": r.forward_high, "forward_ratio_median": float((free / mine).median()),
+                    "forward_ratio_to_eos": r.forward_ratio_to_eos, "after_eos_share": r.after_eos_share,
+                    "throughput_ratio": r.throughput_ratio, "throughput_low": r.throughput_low,
+                    "throughput_high": r.throughput_high, "lossless": r.lossless})
+    return out
 
 
 def verdicts(rows: list[dict], budgets: list[int]) -> list[dict]:
@@ -104,7 +130,9 @@ def _ahead(trained: float, free: float, trained_label: str, free_label: str) -> 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--prompts", type=int, default=10, help="prompts per task")
+    parser.add_argument("--prompts", type=int, default=40, help="prompts per task")
+    parser.add_argument("--first", type=int, default=40,
+                        help="the first test item of each task (default 40: past the items the committed comparison decodes)")
     parser.add_argument("--gen", type=int, default=128)
     parser.add_argument("--budgets", default="4+8")
     parser.add_argument("--tasks", default="+".join(TASKS))
@@ -116,15 +144,16 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     target = load_target(EMBEDDED_TARGET, None, "cpu")
     budgets = [int(b) for b in args.budgets.split("+")]
-    rows = []
+    samples = []
     for task in args.tasks.split("+"):
-        prompts = [encode_prompt(target, p, chat=True) for p in prompts_for(task, args.prompts)]
+        prompts = [encode_prompt(target, p, chat=True) for p in prompts_for(task, args.prompts, args.first)]
         for temperature in (float(t) for t in args.temperatures.split("+")):
             for policy in TRAINED:
-                for row in measure(target, prompts, f"spot_{task}", policy, temperature, budgets, args.gen):
-                    rows.append(row)
-                    print(json.dumps(row), flush=True)
-    for verdict in verdicts(rows, budgets):
+                samples += measure(target, prompts, f"spot_{task}", policy, temperature, budgets, args.gen, args.first)
+    summary = rows(pd.DataFrame(samples))
+    for row in summary:
+        print(json.dumps(row), flush=True)
+    for verdict in verdicts(summary, budgets):
         print(json.dumps(verdict), flush=True)
 
 

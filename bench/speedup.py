@@ -46,11 +46,12 @@ STANDARD = "standard"  # the anchor's label: draft-free decoding under the singl
 PROMPT_FIELDS = {"gsm8k_test": "question", "math500_test": "problem", "humaneval_test": "prompt"}
 
 
-def prompts_for(task: str, n: int) -> list[str]:
+def prompts_for(task: str, n: int, first: int = 0) -> list[str]:
+    """The test items first .. first + n - 1 of a task, as its prompt states them."""
     if task == "mbpp":  # the problem and its tests, as the spot_mbpp task states them
-        return ["\n".join([row["text"], *row["test_list"][:3]]) for row in mbpp_split("test")[:n]]
+        return ["\n".join([row["text"], *row["test_list"][:3]]) for row in mbpp_split("test")[first : first + n]]
     name = f"{task}_test"
-    return [row[PROMPT_FIELDS[name]] for row in load(name)[:n]]
+    return [row[PROMPT_FIELDS[name]] for row in load(name)[first : first + n]]
 
 
 def build_drafters(target, config: DecodeConfig, specs, sets_model_depths: list[int | None]) -> dict:

@@ -360,17 +360,43 @@ def shown_method(policy: str, label: str) -> str:
     return f"`{label}`" + ("" if policy == ANCHOR_POLICY else f" (`unmasking={policy}`, over {policy} decoding)")
 
 
+def comparison_means() -> dict[tuple[str, str, str], dict]:
+    """compare_means.csv by (policy, temperature, label): each ratio's mean over the tasks and its 95% interval
+    (spot_eval.reports.compare.means); {} for a comparison written before it."""
+    path = COMPARISON / "compare_means.csv"
+    if not path.is_file():
+        return {}
+    with path.open(newline="") as f:
+        return {(r["policy"], r["temperature"], r["label"]): r for r in csv.DictReader(f)}
+
+
+def with_interval(value: float, low: str = "", high: str = "", unit: str = "x") -> str:
+    """`2.31x [2.10, 2.55]`, or `2.31x` where no interval was written (an empty or nan cell)."""
+    if low in ("", "nan", None) or high in ("", "nan", None):
+        return f"{value:.2f}{unit}"
+    return f"{value:.2f}{unit} [{float(low):.2f}, {float(high):.2f}]"
+
+
 def headline(rows: list[dict]) -> str:
-    """The README's table: per method, each ratio's mean over the tasks, per temperature."""
+    """The README's table: per method, each ratio's mean over the tasks with its 95% interval, per temperature; and,
+    where the comparison counts padding, the forward ratio up to the answer's first EOS beside it."""
     rows = methods_only(rows)
     temps = temperatures(rows)
-    columns = ["method", *(f"forwards saved, T = {float(t):g}" for t in temps),
-               *(f"wall clock, T = {float(t):g}" for t in temps), "token-identical to draft-free"]
+    averaged = comparison_means()
+    padded = any(r.get("forward_ratio_to_eos") not in (None, "", "nan") for r in rows)
+    metrics = [("forward_mean", "forward", "forwards saved"),
+               *([("forward_ratio_to_eos", "to_eos", "forwards saved up to EOS")] if padded else []),
+               ("throughput_mean", "throughput", "wall clock")]
+    columns = ["method", *(f"{what}, T = {float(t):g}" for _, _, what in metrics for t in temps), "token-identical to draft-free"]
     out = []
     for policy, label in methods_in(rows):
         mine = [r for r in rows if r["policy"] == policy and r["label"] == label]
-        ratios = [f"{mean(float(r[m]) for r in mine if r['temperature'] == t):.2f}x" if any(r["temperature"] == t for r in mine)
-                  else "—" for m in ("forward_mean", "throughput_mean") for t in temps]
+        ratios = []
+        for column, name, _ in metrics:
+            for t in temps:
+                at = [float(r[column]) for r in mine if r["temperature"] == t and r.get(column) not in (None, "", "nan")]
+                m = averaged.get((policy, t, label), {})
+                ratios.append(with_interval(mean(at), m.get(f"{name}_low"), m.get(f"{name}_high")) if at else "—")
         out.append([shown_method(policy, label), *ratios, verdict(mine)])
     return table(columns, out)
 
@@ -411,6 +437,22 @@ def figures() -> list[Path]:
     return sorted(COMPARISON.glob("compare*.png"))
 
 
+FIGURES_MEANING = (
+    "- **Forwards saved** (`fwd ×`, `forward_ratio`): draft-free target forwards over the method's, summed over the same "
+    "requests and counted over the whole generation, as the SPOT paper counts them. Table 2, the verdict and the "
+    "README's headline use it.\n"
+    "- **Forwards saved up to EOS** (`fwd × to EOS`, `forward_ratio_to_eos`): the same ratio without the forwards that "
+    "only wrote positions after the answer's first EOS, the method's and draft-free's alike. A target that ends its "
+    "answer early fills the rest of its block with EOS one step at a time, and any drafter guesses those steps; this "
+    "ratio is what a drafter saved on the answer itself.\n"
+    "- **After EOS** (`after_eos_share`): the share of the method's forwards spent on that padding. Where it is high, "
+    "the whole-generation ratio describes the padding more than the drafter.\n"
+    "- **The interval** `[low, high]` beside a ratio: its 95% bootstrap interval over the items (each task's documents "
+    "resampled 2,000 times, the ratio of sums recomputed on each); the mean over tasks has the interval of each "
+    "resample's mean. Where two methods' intervals overlap, the comparison says that the interval cannot tell them "
+    "apart rather than naming a winner.\n")
+
+
 def comparison_page() -> str:
     rows = comparison_rows()
     parts = [banner("results/comparison/*.toml", "results/comparison/compare_T*.csv", "results/comparison/compare*.png"),
@@ -426,22 +468,39 @@ def comparison_page() -> str:
                      "fills in when they are and `python docs/generate.py` runs.\n")
     else:
         tasks = sorted({r["task"] for r in rows})
-        parts += ["\n## Summary\n\nMean over the tasks of each ratio (the README's table):\n\n", headline(rows), rivals_section()]
+        parts += ["\n## What the figures mean\n\n", FIGURES_MEANING,
+                  "\n## Summary\n\nMean over the tasks of each ratio, with the 95% interval of that mean (the README's table):\n\n",
+                  headline(rows), rivals_section()]
         for t in temperatures(rows):
             at = [r for r in rows if r["temperature"] == t]
             seeds = sorted({r["seeds"] for r in at})
-            parts.append(f"\n## T = {float(t):g}\n\nRatio over draft-free decoding, mean ± std over {'/'.join(seeds)} seeds; "
-                         "✓: every output token-identical to draft-free, with drafts accepted. A method under another "
-                         "policy than single-commit is measured against that policy's draft-free decoder, and that "
-                         "decoder against single-commit decoding.\n")
-            for metric, title in (("forward", "Target forwards saved"), ("throughput", "Wall-clock speed")):
+            items = sorted({int(r["requests"]) // max(int(r["seeds"]), 1) for r in at})
+            parts.append(f"\n## T = {float(t):g}\n\nRatio over draft-free decoding on {'/'.join(map(str, items))} items per "
+                         f"task and {'/'.join(seeds)} seed(s), with its 95% interval over the items (a bootstrap that "
+                         "resamples each task's documents); ✓: every output token-identical to draft-free, with drafts "
+                         "accepted. A method under another policy than single-commit is measured against that policy's "
+                         "draft-free decoder, and that decoder against single-commit decoding.\n")
+            padded = any(r.get("forward_ratio_to_eos") not in (None, "", "nan") for r in at)
+            shown = [("forward", "forward_mean", "Target forwards saved, the whole generation (Table 2's, the paper's)")]
+            if padded:
+                shown += [("to_eos", "forward_ratio_to_eos", "Target forwards saved up to the answer's first EOS"),
+                          ("after_eos", "after_eos_share", "The share of each method's forwards spent after the answer's first EOS")]
+            shown.append(("throughput", "throughput_mean", "Wall-clock speed"))
+            for name, column, title in shown:
                 out = []
                 for policy, label in methods_in(at):
                     line = [shown_method(policy, label)]
                     for task in tasks:
                         r = next((r for r in at if (r["policy"], r["label"], r["task"]) == (policy, label, task)), None)
-                        std = f" ± {float(r[metric + '_std']):.2f}" if r and r[metric + "_std"] not in ("", "nan") else ""
-                        line.append(f"{float(r[metric + '_mean']):.2f}{std} {verdict([r])}" if r else "—")
+                        if r is None or r.get(column) in (None, "", "nan"):
+                            line.append("—")
+                        elif name == "after_eos":
+                            line.append(f"{float(r[column]):.0%}")
+                        elif r.get(f"{name}_low") not in (None, "", "nan"):
+                            line.append(f"{with_interval(float(r[column]), r[f'{name}_low'], r[f'{name}_high'], '')} {verdict([r])}")
+                        else:
+                            std = f" ± {float(r[name + '_std']):.2f}" if r.get(name + "_std") not in (None, "", "nan") else ""
+                            line.append(f"{float(r[column]):.2f}{std} {verdict([r])}")
                     out.append(line)
                 parts += [f"\n### {title}, T = {float(t):g}\n\n", table(["method", *(f"`{x}`" for x in tasks)], out)]
             parts.append("\n" + leaders(at, tasks) + "\n")

@@ -103,7 +103,7 @@ def test_the_nightly_passes_a_lossy_methods_divergences_and_flags_its_accuracy_d
     table = method_table(new, None).set_index("label")
     assert table.loc["sets_max@8", "lossy"] and table.loc["sets_max@8", "token_divergence"] == 0.25 and not table.loc["spot@8", "lossy"]
     [comparison] = compare(new)
-    assert comparison.table().loc["SPOT-Sets (max-commit) @8", ("gsm8k", "fwd ×")] == "2.50"
+    assert comparison.table().loc["SPOT-Sets (max-commit) @8", ("gsm8k", "fwd ×")] == "2.50 [2.50, 2.50]"  # every item alike: a point interval
     assert comparison.table().loc["SPOT-Sets (max-commit) @8", ("gsm8k", "lossless")] == "lossy, 100% differ"
     suite = load_suite(None)
     report = build_report(suite, new, None, "none", [finding], method_table(new, None), pd.DataFrame(), tmp_path, "d1")

@@ -92,17 +92,18 @@ def test_table2_has_a_row_per_method_bolds_the_best_and_marks_losslessness(tmp_p
     table = comparison.table()
     assert list(table.index) == ["draft-free", "Spiffy @3", "SPOT @8"]
     assert list(table.columns) == [("gsm8k", q) for q in ("tput ×", "fwd ×", "τ", "acc.", "lossless")]
-    # SPOT: 4/2 = 2.0 and 4/1 = 4.0 -> 3.00 ± 1.41, the best; one of 12 SPOT requests diverged.
-    assert table.loc["SPOT @8"].tolist() == ["**3.00 ± 1.41**", "**5.00 ± 0.00**", "**5.00**", "—", "✗ 92%"]
-    assert table.loc["Spiffy @3"].tolist() == ["1.33 ± 0.00", "2.00 ± 0.00", "2.00", "—", "✓"]
+    # SPOT: 4/2 = 2.0 and 4/1 = 4.0 per seed; over both seeds' sums 48/18 = 2.67, every item alike (a point interval),
+    # the best; one of 12 SPOT requests diverged.
+    assert table.loc["SPOT @8"].tolist() == ["**2.67 [2.67, 2.67]**", "**5.00 [5.00, 5.00]**", "**5.00**", "—", "✗ 92%"]
+    assert table.loc["Spiffy @3"].tolist() == ["1.33 [1.33, 1.33]", "2.00 [2.00, 2.00]", "2.00", "—", "✓"]
     assert table.loc["draft-free"].tolist() == ["1.00", "1.00", "1.00", "—", "reference"]
     assert "block 32" in comparison.caption and "T = 0" in comparison.caption and "seeds 0, 1" in comparison.caption
     files = {p.name for p in write_comparison(two_seeds, tmp_path)}
     assert {"compare.md", "compare.html", "compare_T0.csv", "compare_throughput_ratio.png", "compare_forward_ratio.png",
             "compare_accepted_lengths.png"} <= files
-    assert "| SPOT @8 | **3.00 ± 1.41** | **5.00 ± 0.00** |" in (tmp_path / "compare.md").read_text()
+    assert "| SPOT @8 | **2.67 [2.67, 2.67]** | **5.00 [5.00, 5.00]** |" in (tmp_path / "compare.md").read_text()
     page = (tmp_path / "compare.html").read_text()
-    assert "<b>3.00 ± 1.41</b>" in page and 'class="dataframe table2"' in page
+    assert "<b>2.67 [2.67, 2.67]</b>" in page and 'class="dataframe table2"' in page
     assert pd.read_csv(tmp_path / "compare_T0.csv").set_index("label").loc["spot@8", "forward_mean"] == 5.0
 
 
@@ -128,14 +129,15 @@ def test_speculation_on_threshold_decoding_has_its_own_section_under_the_single_
     assert list(single.index) == ["draft-free", "SPOT @8"] and single.loc["SPOT @8", ("gsm8k", "acc.")] == "0.50"
     assert list(threshold.index) == ["draft-free (anchor)", "threshold decoding", "SPOT-Sets @8"]
     # threshold decoding over the anchor: 4.0/2.5 s, 100/50 forwards; SPOT-Sets over threshold decoding: 2.5/2.0 s, 50/25.
-    assert threshold.loc["threshold decoding"].tolist() == ["1.60", "2.00", "2.00", "0.25", "—"]
-    assert threshold.loc["SPOT-Sets @8"].tolist()[:2] == ["**1.25**", "**2.00**"]
+    # Each with its interval over the items (every item alike here: a point).
+    assert threshold.loc["threshold decoding"].tolist() == ["1.60 [1.60, 1.60]", "2.00 [2.00, 2.00]", "2.00", "0.25", "—"]
+    assert threshold.loc["SPOT-Sets @8"].tolist()[:2] == ["**1.25 [1.25, 1.25]**", "**2.00 [2.00, 2.00]**"]
     assert threshold.loc["draft-free (anchor)", ("gsm8k", "lossless")] == "reference"
     alone = Bundle(dict(SETTINGS), [{"temperature": 0.0, "seed": 0}], pd.DataFrame([r for r in rows if r["policy"] == "threshold"]),
                    pd.DataFrame(), pd.DataFrame())
     [comparison] = compare(alone)  # no single-commit run: threshold decoding has no reference, SPOT-Sets keeps its own
     assert comparison.table("threshold").loc["threshold decoding"].tolist()[:2] == ["—", "—"]
-    assert comparison.table("threshold").loc["SPOT-Sets @8"].tolist()[:2] == ["**1.25**", "**2.00**"]
+    assert comparison.table("threshold").loc["SPOT-Sets @8"].tolist()[:2] == ["**1.25 [1.25, 1.25]**", "**2.00 [2.00, 2.00]**"]
 
 
 def test_the_verdict_names_each_gate_with_tonight_and_the_previous_night():

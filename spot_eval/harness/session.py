@@ -328,7 +328,7 @@ class Session:
                         safe_name(prefix + k): float(row[k]) for k in (
                             "forward_ratio", "throughput_ratio", "tokens_per_forward", "lossless", "token_divergence",
                             "accepted_mean", "mean_tree_size", "forwards", "seconds", "drafter_seconds", "tokens", "requests",
-                            "resumed")
+                            "resumed", *(k for k in ("after_eos_share", "forward_ratio_to_eos") if k in row.index))
                     })
                 if rows.lossy.any():
                     run.set_tags({LOSSY_TAG: "true"})

@@ -16,8 +16,8 @@ import pandas as pd
 
 from spot_eval.reports import plots, table2
 from spot_eval.reports.report import Report, Section, figure_title, header, write
-from spot_eval.reports.results import Bundle
-from spot_eval.reports.table2 import display_name
+from spot_eval.reports.results import Bundle, mean_interval, ratio_replicates
+from spot_eval.reports.table2 import display_name, shown_ratio
 
 SECTION_TITLES = {table2.ANCHOR: "single-commit decoding: ratios over draft-free decoding of the same requests"}
 
@@ -71,8 +71,41 @@ def rivals(numbers: pd.DataFrame) -> pd.DataFrame:
             ceiling = bound.get(r.budget, float("nan"))
             out.append({"temperature": t, "policy": policy, "task": task, "label": r.label, "budget": int(r.budget),
                         "forward_mean": r.forward_mean, "mean_tree_size": r.mean_tree_size, "bound": ceiling,
-                        "share_of_bound": (r.forward_mean - 1) / (ceiling - 1)})
+                        "share_of_bound": (r.forward_mean - 1) / (ceiling - 1),
+                        "forward_low": getattr(r, "forward_low", float("nan")),
+                        "forward_high": getattr(r, "forward_high", float("nan"))})
     return pd.DataFrame(out)
+
+
+def overlap(a: pd.Series, b: pd.Series) -> bool:
+    """Whether two cells' 95% intervals of the forward ratio overlap, so that the interval cannot tell which of the
+    two saves more (cells without intervals: never)."""
+    if pd.isna(a.forward_low) or pd.isna(b.forward_low):
+        return False
+    return bool(a.forward_low <= b.forward_high and b.forward_low <= a.forward_high)
+
+
+def leaders_at(table: pd.DataFrame, budget: int) -> list[str]:
+    """In words, per temperature and policy, each task's method that saves the most forwards at `budget` drafted
+    states a verify, with its interval and share of the bound; where the runner-up's interval overlaps its, the
+    interval cannot tell them apart, and both are named."""
+    lines = []
+    at = table[table.budget == budget] if not table.empty else table
+    for (t, policy), group in at.groupby(["temperature", "policy"], sort=True):
+        said = []
+        for task, rows in group.groupby("task", sort=True):
+            ranked = rows.sort_values("forward_mean", ascending=False)
+            top = ranked.iloc[0]
+            share = "" if pd.isna(top.share_of_bound) else f", {top.share_of_bound:.0%} of the bound"
+            cell = f"{display_name(top.label)} {shown_ratio(top.forward_mean, top.forward_low, top.forward_high)}{share}"
+            tied = [r for _, r in ranked.iloc[1:].iterrows() if overlap(top, r)]
+            name = task.removeprefix("spot_")
+            said.append(f"{name}: {cell}" if not tied else
+                        f"{name}: the interval cannot tell {cell} from " + ", ".join(
+                            f"{display_name(r.label)} {shown_ratio(r.forward_mean, r.forward_low, r.forward_high)}" for r in tied))
+        lines.append(f"T = {t:g}, {policy} decoding, {budget} drafted states a verify, the most forwards saved per task: "
+                     + "; ".join(said) + ".")
+    return lines
 
 
 def rival_verdicts(table: pd.DataFrame) -> list[str]:
@@ -87,12 +120,17 @@ def rival_verdicts(table: pd.DataFrame) -> list[str]:
         tasks = sorted({task for task, label in cell.index if label == free} & {task for task, label in cell.index if label == trained})
         if not tasks:
             continue
-        behind = [task for task in tasks if cell[(task, free)] > cell[(task, trained)]]
-        share = group.set_index("label").share_of_bound
+        rows = group.set_index(["task", "label"])
+        unclear = [task for task in tasks if overlap(rows.loc[(task, free)], rows.loc[(task, trained)])]
+        behind = [task for task in tasks if cell[(task, free)] > cell[(task, trained)] and task not in unclear]
+        ahead = len(tasks) - len(behind) - len(unclear)
+        share = group.groupby("label").share_of_bound.mean()
         said = (f"T = {t:g}, {policy} decoding, {n} drafted states a verify: {display_name(trained)} saved more target "
-                f"forwards than {display_name(free)} on {len(tasks) - len(behind)} of {len(tasks)} tasks")
+                f"forwards than {display_name(free)} on {ahead} of {len(tasks)} tasks")
+        if unclear:
+            said += f" (on {', '.join(task.removeprefix('spot_') for task in unclear)} the interval cannot tell)"
         if share[[trained, free]].notna().all():
-            said += f" (of the perfect-order bound, {share[trained].mean():.0%} against {share[free].mean():.0%} on average)"
+            said += f"; of the perfect-order bound, {share[trained]:.0%} against {share[free]:.0%} on average"
         if behind:
             said += "; " + display_name(free) + " saved more on " + ", ".join(
                 f"{task.removeprefix('spot_')} ({cell[(task, free)]:.2f}× against {cell[(task, trained)]:.2f}×)" for task in behind)
@@ -104,8 +142,9 @@ def rival_table(table: pd.DataFrame) -> pd.DataFrame:
     """The display form: a row per (T, policy, method), a column per task, cells `fwd × (share of bound)`."""
     shown = table.assign(row=[f"T = {t:g}, {p}: {display_name(lab)}" for t, p, lab in zip(table.temperature, table.policy,
                                                                                        table.label, strict=True)],
-                         cell=[f"{f:.2f}" + ("" if pd.isna(s) else f" ({s:.0%})")
-                               for f, s in zip(table.forward_mean, table.share_of_bound, strict=True)])
+                         cell=[shown_ratio(f, lo, hi) + ("" if pd.isna(s) else f" ({s:.0%})")
+                               for f, lo, hi, s in zip(table.forward_mean, table.forward_low, table.forward_high,
+                                                       table.share_of_bound, strict=True)])
     order = {row: (t, p != table2.ANCHOR, table2.row_key(lab)) for row, t, p, lab in
              zip(shown.row, shown.temperature, shown.policy, shown.label, strict=True)}
     out = shown.pivot_table(index="row", columns="task", values="cell", aggfunc="first")
@@ -121,6 +160,7 @@ WHY_WALL_CLOCK = ("Why wall clock differs from forwards: on a CPU a verify forwa
                   "as much as one, the forward ratio is what carries over.")
 
 
+LEADER_BUDGET = 8  # the verify size the verdict names each task's leader at (the paper's smaller budget)
 IDLE_TAU = 1.1  # below it a method's speed is draft-free decoding's own: it hardly speculated
 
 
@@ -149,7 +189,7 @@ def findings(numbers: pd.DataFrame, device: str) -> list[str]:
                                   ": no method beat draft-free decoding in wall-clock time here"))
         lines.append("".join(said) + ".")
     against = rivals(numbers)
-    return [*lines, *rival_verdicts(against), WHY_WALL_CLOCK]
+    return [*lines, *rival_verdicts(against), *leaders_at(against, LEADER_BUDGET), WHY_WALL_CLOCK]
 
 
 def compare(bundle: Bundle) -> list[Comparison]:
@@ -189,8 +229,28 @@ def figures(bundle: Bundle, numbers: pd.DataFrame, out_dir: Path, date: str, ste
     ]
 
 
+def means(bundle: Bundle, numbers: pd.DataFrame) -> pd.DataFrame:
+    """Per temperature, policy and method: each ratio's mean over the tasks (what the README's headline shows) and the
+    95% interval of that mean, from the same resamples of each task's items as the per-task intervals."""
+    keys = ["policy", "temperature", "task"]
+    replicates = ratio_replicates(bundle.samples, keys, anchor=table2.ANCHOR)
+    rows = []
+    for (policy, t, label), cells in numbers.groupby(["policy", "temperature", "label"], sort=False):
+        row = {"policy": policy, "temperature": t, "label": label, "tasks": len(cells)}
+        for name, column in (("forward", "forward_mean"), ("throughput", "throughput_mean"), ("to_eos", "forward_ratio_to_eos")):
+            if column not in cells:
+                continue
+            row[column] = cells[column].mean()
+            row[f"{name}_low"], row[f"{name}_high"] = mean_interval(replicates, (policy, t, label), keys.index("task"), name)
+        if "after_eos_share" in cells:
+            row["after_eos_share"] = cells["after_eos_share"].mean()
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
 def write_comparison(bundle: Bundle, out_dir: str | Path, date: str | None = None) -> list[Path]:
-    """compare.md / compare.html, one CSV per temperature (long form) and the figures."""
+    """compare.md / compare.html, one CSV per temperature (long form), the means over the tasks with their intervals
+    (compare_means.csv) and the figures."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     comparisons = compare(bundle)
@@ -201,6 +261,9 @@ def write_comparison(bundle: Bundle, out_dir: str | Path, date: str | None = Non
         files.append(csv)
         sections.append(Section(f"Table 2 at T = {c.temperature:g}", c.caption,
                                 tables=tuple((section_title(policy), table) for policy, table in c.sections)))
+    averaged = out_dir / "compare_means.csv"
+    means(bundle, pd.concat([c.numbers for c in comparisons], ignore_index=True)).to_csv(averaged, index=False)
+    files.append(averaged)
     date = date or (bundle.created or "")[:10]
     numbers = pd.concat([c.numbers for c in comparisons], ignore_index=True)
     shown = figures(bundle, numbers, out_dir, date, "compare_")

@@ -43,8 +43,18 @@ def _save(fig: Figure, path: Path) -> Path:
     return path
 
 
+def _error_bars(part: pd.DataFrame, column: str):
+    """Asymmetric error bars from the 95% interval over the items (`column`_low/_high) where the results hold one,
+    else the std over seeds (results before the intervals), else none."""
+    mean = part[f"{column}_mean"]
+    if f"{column}_low" in part and part[f"{column}_low"].notna().any():
+        return [(mean - part[f"{column}_low"]).clip(lower=0).fillna(0.0), (part[f"{column}_high"] - mean).clip(lower=0).fillna(0.0)]
+    return part[f"{column}_std"].fillna(0.0) if f"{column}_std" in part else None
+
+
 def bars_figure(numbers: pd.DataFrame, column: str, ylabel: str, title: str) -> Figure:
-    """Tasks on x, one bar per method (a panel per temperature, stacked), error bars = std over seeds.
+    """Tasks on x, one bar per method (a panel per temperature, stacked), error bars = the 95% interval over the items
+    (or, for results without one, the std over seeds).
 
     numbers: long form with temperature, task, label, `column`_mean, `column`_std and optionally policy
     (spot_eval.reports.table2.numbers); the single-commit draft-free rows (all 1.0) are the dashed line."""
@@ -63,7 +73,7 @@ def bars_figure(numbers: pd.DataFrame, column: str, ylabel: str, title: str) -> 
         for i, (policy, label) in enumerate(series):
             part = here[(here.policy == policy) & (here.label == label)].set_index("task").reindex(tasks)
             x = [t + (i - (len(series) - 1) / 2) * width for t in range(len(tasks))]
-            err = part[f"{column}_std"].fillna(0.0) if f"{column}_std" in part else None
+            err = _error_bars(part, column)
             ax.bar(x, part[f"{column}_mean"], width=width, yerr=err, capsize=2, label=_legend_name(label, policy),
                    error_kw={"elinewidth": 0.8}, **style(label))
         ax.axhline(1.0, color="grey", lw=0.8, ls="--")
@@ -101,7 +111,8 @@ BOUND = "oracle"  # the perfect-order replay: the true future, budget + 1 steps 
 def frontier_figure(numbers: pd.DataFrame, title: str) -> Figure:
     """Forwards saved against draft nodes verified per forward: a panel per (temperature, policy) and task, a line
     per method family through its budgets, the oracle's (the perfect-order replay bound) as the ceiling. Where a
-    trained drafter's line lies above a free one's at the same x, it saved more forwards at equal verify size.
+    trained drafter's line lies above a free one's at the same x, it saved more forwards at equal verify size; error
+    bars: the 95% interval over the items.
 
     numbers: spot_eval.reports.table2.numbers (forward_mean, mean_tree_size per policy, temperature, task, label)."""
     rows = numbers[(numbers.label != "draft_free") & numbers.forward_mean.notna()]
@@ -118,9 +129,14 @@ def frontier_figure(numbers: pd.DataFrame, title: str) -> Figure:
             for name, line in sorted(here[~here.auto].groupby("family"), key=lambda kv: row_key(kv[0])):
                 line = line.sort_values("mean_tree_size")
                 bound = name == BOUND
+                colour = registry.described(name).colour
                 ax.plot(line.mean_tree_size, line.forward_mean, marker="o" if not bound else None, ms=3.5,
-                        color=registry.described(name).colour, lw=1.6 if bound else 1.2, ls="--" if bound else "-",
+                        color=colour, lw=1.6 if bound else 1.2, ls="--" if bound else "-",
                         label=display_name(name) + (" (the bound)" if bound else ""))
+                bars = _error_bars(line, "forward")
+                if bars is not None and "forward_low" in line:  # the 95% interval over the items at each budget
+                    ax.errorbar(line.mean_tree_size, line.forward_mean, yerr=bars, fmt="none", ecolor=colour, elinewidth=0.8,
+                                capsize=2)
             ax.axhline(1.0, color="grey", lw=0.8, ls=":")
             ax.set_title(f"{task.removeprefix('spot_')}, {policy}, T = {temperature:g}", fontsize=8)
             if c == 0:

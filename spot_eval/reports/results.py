@@ -239,9 +239,18 @@ RATIOS = (
     ("mean_tree_size", "tree size", "draft nodes verified / target forwards"),
     ("lossless", "lossless", "the share of requests whose tokens equal draft-free's (of a lossy method, 1 - its "
                              "divergence rate)"),
+    ("forward_ratio_to_eos", "fwd × to EOS", "the forward ratio without the forwards that only wrote positions after "
+                                             "the answer's first EOS (EOS padding), the method's and draft-free's alike: "
+                                             "what the drafter saved on the answer itself"),
+    ("after_eos_share", "after EOS", "the share of a method's forwards that only wrote positions after the answer's first "
+                                     "EOS: padding, which any drafter guesses; a task whose answers are short is mostly "
+                                     "padding"),
 )
 OVER_SEEDS = ("Over several seeds, the forward and throughput ratios are the mean (± std) of the per-seed ratios, and "
-              "τ, tokens per forward, the drafter share and the tree size are of the sums over every seed.")
+              "τ, tokens per forward, the drafter share and the tree size are of the sums over every seed. The interval "
+              "beside a ratio ([low, high]) is its 95% bootstrap interval over the items: a task's documents resampled "
+              "2,000 times, each with all its seeds, the ratio of sums recomputed on every resample (a mean over tasks: "
+              "the mean of each resample's task ratios). Two methods whose intervals overlap are not told apart.")
 
 
 def summarize(samples: pd.DataFrame, keys: list[str], anchor: str | None = None) -> pd.DataFrame:

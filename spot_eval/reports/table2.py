@@ -21,12 +21,16 @@ from __future__ import annotations
 import pandas as pd
 
 from spot_eval import families, registry
-from spot_eval.reports.results import Bundle, over_seeds, summarize
+from spot_eval.reports.results import Bundle, intervals, over_seeds, summarize
 
 ANCHOR = "single"  # the policy every section is anchored on: standard single-commit decoding
 FAMILIES = tuple(f.name for f in families.FAMILIES)  # row order within a section (a plugin's methods after, by name)
 LOSSLESS, DIVERGED, INCONCLUSIVE, BY_DESIGN = "✓", "✗", "inconclusive", "lossy"
 COLUMNS = ("tput ×", "fwd ×", "τ", "acc.", "lossless")  # throughput and forward ratios; τ: mean accepted steps per forward (Spec-Bench)
+# Beside the forward ratio, where the results count padding: the ratio without the forwards spent after the answer's
+# first EOS, and their share of the method's forwards (spot_eval.harness.padding). Table 2's fwd × is the paper's, of
+# the whole generation.
+PADDING_COLUMNS = ("fwd × to EOS", "after EOS")
 
 
 def row_key(label: str) -> tuple[int, int, int, str]:
@@ -66,11 +70,25 @@ COLUMNS_OUT = ("policy", "temperature", "task", "label", "throughput_mean", "thr
                "lossless", "lossy", "seeds", "requests", "accepted_mean", "mean_tree_size", "drafter_share")  # and the accuracy
 
 
+# Beside them, where the results hold what they need: each ratio's 95% interval over the items (forward_low, ...), and
+# the padding (spot_eval.harness.padding): the share of forwards after the answer's first EOS, and the forward ratio
+# without those forwards with its interval. Results written before they were kept load without them.
+COLUMNS_NEW = ("forward_ratio", "forward_low", "forward_high", "throughput_ratio", "throughput_low", "throughput_high", "after_eos_share",
+               "forward_ratio_to_eos", "to_eos_low", "to_eos_high")
+
+
 def numbers(bundle: Bundle) -> pd.DataFrame:
     """Long form: per policy, temperature, task and label, each cell's numbers (spot_eval.reports.results: ratios are
-    the mean and std over seeds, tau of the sums), each policy's draft-free decoder over the single-commit anchor."""
+    the mean and std over seeds, tau of the sums; the intervals and the padding of the sums over every seed), each
+    policy's draft-free decoder over the single-commit anchor."""
     keys = ["policy", "temperature", "task"]
     out = over_seeds(summarize(bundle.samples, [*keys, "seed"], anchor=ANCHOR), keys)[list(COLUMNS_OUT)]
+    pooled = summarize(bundle.samples, keys, anchor=ANCHOR)
+    # the ratios of the sums over every seed, which the intervals are of (over one seed: forward_mean and throughput_mean)
+    padding = ["forward_ratio", "throughput_ratio", *(c for c in ("after_eos_share", "forward_ratio_to_eos") if c in pooled.columns)]
+    out = out.merge(pooled[[*keys, "label", *padding]], on=[*keys, "label"], how="left")
+    out = out.merge(intervals(bundle.samples, keys, anchor=ANCHOR), on=[*keys, "label"], how="left")
+    out = out[[*COLUMNS_OUT, *(c for c in COLUMNS_NEW if c in out.columns)]]
     out = out.merge(_accuracy(bundle), on=keys, how="left")
     # A lossless method's text is draft-free's, so its score is too; a lossy one's own score is not at hand here.
     out.loc[out.lossy.astype(bool) | (out.lossless < 1), "accuracy"] = float("nan")
@@ -91,10 +109,28 @@ def verdict(row: pd.Series) -> str:
     return LOSSLESS if row.accepted_mean > 1 else INCONCLUSIVE
 
 
-def _ratio(mean: float, std: float, seeds: int) -> str:
+def shown_ratio(mean: float, low: float = float("nan"), high: float = float("nan"), std: float = float("nan"),
+                seeds: int = 1) -> str:
+    """A ratio as every report prints it: with its 95% interval over the items where the results give one
+    (`2.31 [2.10, 2.55]`), else with its std over seeds (results before the intervals: `2.31 ± 0.04`)."""
     if pd.isna(mean):  # no reference decoder in the results (a threshold run without its single-commit anchor)
         return "—"
+    if pd.notna(low) and pd.notna(high):
+        return f"{mean:.2f} [{low:.2f}, {high:.2f}]"
     return f"{mean:.2f}" + (f" ± {std:.2f}" if seeds > 1 and pd.notna(std) else "")
+
+
+def _get(row: pd.Series, column: str) -> float:
+    return row[column] if column in row.index else float("nan")
+
+
+def _with_interval(row: pd.Series, name: str, shown: bool) -> str:
+    """A cell's `name` ratio (forward, throughput): the ratio of the sums over every seed with its interval where the
+    results give one, else the mean ± std over seeds; a reference's (`shown` False) alone."""
+    low, high = (_get(row, f"{name}_low"), _get(row, f"{name}_high")) if shown else (float("nan"), float("nan"))
+    if pd.notna(low):
+        return shown_ratio(row[f"{name}_ratio"], low, high)
+    return shown_ratio(row[f"{name}_mean"], std=row[f"{name}_std"], seeds=row.seeds if shown else 1)
 
 
 def sections(table: pd.DataFrame, temperature: float) -> list[tuple[str, pd.DataFrame]]:
@@ -113,6 +149,8 @@ def sections(table: pd.DataFrame, temperature: float) -> list[tuple[str, pd.Data
 
 def _display(rows: pd.DataFrame, policy: str) -> pd.DataFrame:
     tasks = sorted(rows.task.unique())
+    padded = "after_eos_share" in rows.columns and rows.after_eos_share.notna().any()
+    quantities = (*COLUMNS[:2], *PADDING_COLUMNS, *COLUMNS[2:]) if padded else COLUMNS
     speculative = rows[~rows.label.isin(["draft_free", "anchor"])]
     best = {(task, q): speculative[speculative.task == task][column].max()
             for task in tasks for q, column in (("tput ×", "throughput_mean"), ("fwd ×", "forward_mean"),
@@ -125,17 +163,21 @@ def _display(rows: pd.DataFrame, policy: str) -> pd.DataFrame:
         for task in tasks:
             match = rows[(rows.label == lab) & (rows.task == task)]
             if match.empty:
-                line.update({(task, q): "—" for q in COLUMNS})
+                line.update({(task, q): "—" for q in quantities})
                 continue
             r = match.iloc[0]
             reference = lab == "anchor" or (lab == "draft_free" and policy == ANCHOR)
-            seeds = 1 if reference else r.seeds  # a reference is 1.00 by definition: no spread to show
-            values = {"tput ×": (r.throughput_mean, _ratio(r.throughput_mean, r.throughput_std, seeds)),
-                      "fwd ×": (r.forward_mean, _ratio(r.forward_mean, r.forward_std, seeds)),
-                      "τ": (r.accepted_mean, f"{r.accepted_mean:.2f}")}
+            shown = not reference  # a reference is 1.00 by definition: no spread or interval to show
+            values = {"tput ×": (r.throughput_mean, _with_interval(r, "throughput", shown)),
+                      "fwd ×": (r.forward_mean, _with_interval(r, "forward", shown))}
+            if padded:
+                values["fwd × to EOS"] = (float("nan"), shown_ratio(r.forward_ratio_to_eos, *(
+                    _get(r, c) if shown else float("nan") for c in ("to_eos_low", "to_eos_high"))))
+                values["after EOS"] = (float("nan"), f"{r.after_eos_share:.0%}")
+            values["τ"] = (r.accepted_mean, f"{r.accepted_mean:.2f}")
             for q, (value, text) in values.items():
                 # the best speculative cell, where it beats draft-free decoding: a best slowdown is no win
-                marked = lab not in ("draft_free", "anchor") and value == best[(task, q)] and value > 1
+                marked = lab not in ("draft_free", "anchor") and value == best.get((task, q)) and value > 1
                 line[(task, q)] = f"**{text}**" if marked else text
             line[(task, "acc.")] = "—" if pd.isna(r.accuracy) else f"{r.accuracy:.2f}"
             line[(task, "lossless")] = "reference" if reference else ("—" if lab == "draft_free" else verdict(r))

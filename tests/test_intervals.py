@@ -1,0 +1,110 @@
+"""The intervals every report shows beside a ratio, and the padding columns, on literal records; and results written
+before either was kept."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+from test_regression import sample
+
+from spot_eval.reports import compare, table2
+from spot_eval.reports.results import (
+    Bundle,
+    intervals,
+    mean_interval,
+    percentile_interval,
+    ratio_replicates,
+    read_bundle,
+    summarize,
+)
+
+SETTINGS = {"target": "t", "block_length": 32, "gen_length": 128}
+
+
+def padded(task, doc, label, forwards, after, seconds=1.0, seed=0):
+    return {**sample(task, doc, label, forwards, seconds, seed), "after_eos_forwards": after}
+
+
+def test_the_padding_columns_come_from_the_same_sums_as_the_ratio():
+    # Draft-free: 100 forwards, 60 of them padding; the method: 40 forwards, 10 of them padding.
+    rows = [padded("t", d, "draft_free", 100, 60) for d in range(2)] + [padded("t", d, "m@8", 40, 10) for d in range(2)]
+    table = summarize(pd.DataFrame(rows), ["task"]).set_index("label")
+    assert table.loc["m@8", "forward_ratio"] == pytest.approx(200 / 80)
+    assert table.loc["m@8", "forward_ratio_to_eos"] == pytest.approx((200 - 120) / (80 - 20))  # 80 / 60
+    assert table.loc["m@8", "after_eos_share"] == pytest.approx(20 / 80)
+    assert table.loc["draft_free", "after_eos_share"] == pytest.approx(0.6)
+
+
+def test_an_interval_holds_its_ratio_and_narrows_with_more_items():
+    rng = np.random.default_rng(1)
+
+    def records(n):
+        rows = []
+        for d in range(n):
+            ref = int(rng.integers(80, 120))
+            rows += [sample("t", d, "draft_free", ref, 1.0), sample("t", d, "m@8", int(ref / rng.uniform(1.5, 2.5)), 1.0)]
+        return pd.DataFrame(rows)
+
+    few, many = records(10), records(160)
+    for samples in (few, many):
+        ratio = summarize(samples, ["task"]).set_index("label").loc["m@8", "forward_ratio"]
+        ci = intervals(samples, ["task"]).set_index("label").loc["m@8"]
+        assert ci.forward_low < ratio < ci.forward_high
+        assert "to_eos_low" not in ci.index  # no padding counts in these records: no interval of a ratio they lack
+    width = {n: (lambda r: r.forward_high - r.forward_low)(intervals(s, ["task"]).set_index("label").loc["m@8"])
+             for n, s in ((10, few), (160, many))}
+    assert width[160] < width[10] / 2.5  # about 1 / sqrt(16) of it
+    assert intervals(few, ["task"]).equals(intervals(few, ["task"]))  # seeded: the same records, the same interval
+
+
+def test_every_seed_of_a_document_is_resampled_together():
+    """Two seeds of one item move as one: an item whose ratio differs by seed cannot split into two independent
+    draws (the interval would be too narrow). With one item, every resample is that item: the interval is a point."""
+    rows = [sample("t", 0, "draft_free", 100, 1.0, seed=s) for s in (0, 1)] + [
+        sample("t", 0, "m@8", f, 1.0, seed=s) for s, f in ((0, 20), (1, 80))]
+    ci = intervals(pd.DataFrame(rows), ["task", "seed"]).set_index("label").loc["m@8"]
+    assert ci.forward_low == pytest.approx(200 / 100) == ci.forward_high
+
+
+def test_a_mean_over_tasks_has_the_interval_of_each_resamples_mean():
+    replicates = {("a", "m@8"): {"forward": np.array([1.0, 2.0, 3.0])}, ("b", "m@8"): {"forward": np.array([3.0, 4.0, 5.0])},
+                  ("a", "x@8"): {"forward": np.array([9.0, 9.0, 9.0])}}
+    low, high = mean_interval(replicates, ("m@8",), over=0, level=0.5)
+    assert (low, high) == pytest.approx(tuple(np.percentile([2.0, 3.0, 4.0], [25, 75])))
+    assert np.isnan(percentile_interval(np.array([np.inf, np.nan]))[0])
+
+
+def test_the_verdict_cannot_tell_two_methods_whose_intervals_overlap():
+    rows = []
+    for d in range(40):
+        rows += [sample("spot_gsm8k", d, "draft_free", 100, 1.0), sample("spot_gsm8k", d, "spot@8", 30 + 7 * d % 31, 1.0),
+                 sample("spot_gsm8k", d, "freedave@8", 31 + 5 * d % 31, 1.0), sample("spot_gsm8k", d, "oracle@8", 12, 1.0)]
+    bundle = Bundle(dict(SETTINGS), [{"temperature": 0.0, "seed": 0}], pd.DataFrame(rows), pd.DataFrame(), pd.DataFrame())
+    numbers = table2.numbers(bundle)
+    said = " ".join(compare.findings(numbers, "cpu"))
+    assert "the interval cannot tell SPOT @8" in said and "from FreeDave @8" in said
+    assert "on gsm8k the interval cannot tell" in said
+    apart = [{**r, "forwards": 20} if r["label"] == "spot@8" else r for r in rows]
+    bundle = Bundle(dict(SETTINGS), [{"temperature": 0.0, "seed": 0}], pd.DataFrame(apart), pd.DataFrame(), pd.DataFrame())
+    said = " ".join(compare.findings(table2.numbers(bundle), "cpu"))
+    assert "gsm8k: SPOT @8 5.00 [5.00, 5.00], 55% of the bound" in said and "cannot tell" not in said
+
+
+def test_results_written_before_intervals_and_padding_still_load_and_report(tmp_path):
+    """A bundle of the old format (no after_eos_forwards, several seeds): Table 2 shows mean ± std as before, with the
+    interval beside it computed from its samples; no padding column appears."""
+    rows = [sample("spot_gsm8k", d, label, f, 1.0, seed=s) for s in (0, 1) for d in range(6)
+            for label, f in (("draft_free", 100), ("spot@8", 40 + s))]
+    old = {"format": "spot-eval-results/1", "settings": SETTINGS, "runs": [{"temperature": 0.0, "seed": 0}],
+           "samples": rows, "outcomes": [], "accuracy": []}
+    path = tmp_path / "nightly.json"
+    path.write_text(json.dumps(old))
+    numbers = table2.numbers(read_bundle(path))
+    assert "after_eos_share" not in numbers and "forward_low" in numbers
+    [(_, shown)] = table2.sections(numbers, 0.0)
+    assert list(shown.columns.get_level_values(1).unique()) == list(table2.COLUMNS)
+    assert "[" in shown.loc["SPOT @8", ("gsm8k", "fwd ×")]
+    assert ratio_replicates(read_bundle(path).samples, ["task"])[("spot_gsm8k", "spot@8")].keys() == {"forward", "throughput"}
