@@ -27,7 +27,7 @@ from __future__ import annotations
 from spot.config import DecodeConfig, Sampling
 from spot.drafters.base import DraftContext, Drafter, DraftError
 from spot.noise import gumbel_at
-from spot.policy import decide
+from spot.policy import Proposal, decide
 from spot.targets.checkpoint import Family as TargetFamily
 from spot.tree import DraftTree, Edge, Frontier, SetEdge, grow_best_first
 from spot.tree import defect as tree_defect
@@ -53,6 +53,7 @@ __all__ = [
     "MethodReport",
     "ModelType",
     "PluginError",
+    "Proposal",
     "Sampling",
     "SetEdge",
     "TargetFamily",

@@ -290,3 +290,49 @@ def test_the_docs_worked_example_is_a_plugin_that_passes_the_conformance_check(t
     assert entry.method.name == "confident_chain" and len(example.splitlines()) <= 45
     report = check_method("confident_chain", quick=True, checkpoint=tiny)
     assert report.passed, report.table()
+
+
+# -- the example plugin package, installed as a user installs it (the README's test command does) -------------------
+
+INSTALL = "pip install ./examples/prompt-lookup (the README's test command installs it)"
+
+
+def installed_lookup() -> registry.Entry:
+    found = registry.entries().get("lookup")
+    assert found is not None and found.origin.kind == "package", f"the example plugin is not installed: {INSTALL}"
+    return found
+
+
+@pytest.mark.slow
+def test_the_installed_example_is_listed_with_its_package_and_passes_the_quick_check(tmp_path):
+    import os
+    import subprocess
+
+    from conftest import LM_EVAL
+
+    assert str(installed_lookup().origin) == "package spot-eval-prompt-lookup 0.1.0"
+    spot_eval = str(Path(LM_EVAL).with_name("spot-eval"))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    listed = subprocess.run([spot_eval, "methods"], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    [line] = [x for x in listed.stdout.splitlines() if x.startswith("lookup ")]
+    assert "package spot-eval-prompt-lookup 0.1.0" in line and " yes " in line
+    checked = subprocess.run([spot_eval, "check-method", "lookup", "--quick", "--threads", "1"], capture_output=True, text=True,
+                             env=env, cwd=tmp_path, timeout=600)
+    assert checked.returncode == 0, checked.stdout + checked.stderr[-2000:]
+    assert "PASS: every output equals draft-free's" in checked.stdout and "FAIL" not in checked.stdout
+    assert "lookup@8" in checked.stdout and "freedave@8" in checked.stdout  # ranked beside the rivals
+
+
+@pytest.mark.slow
+def test_lm_eval_runs_the_installed_example_beside_freedave_lossless(tmp_path, capsys):
+    """The issue's line: the example's row is printed, lossless 1.000, beside FreeDave's."""
+    installed_lookup()
+    args = f"methods=lookup@4+freedave@4,device=cpu,threads=1,mlflow_tracking_uri=sqlite:///{tmp_path}/m.db,output_dir={tmp_path}/run"
+    run = run_lm_eval_here(capsys, "--model", "spot", "--model_args", args, "--tasks", "spot_mbpp", "--include_path",
+                           str(ROOT / "tasks"), "--apply_chat_template", "--confirm_run_unsafe_code", "--limit", "2",
+                           cwd=tmp_path, env={"HF_ALLOW_CODE_EVAL": "1"})
+    assert run.returncode == 0, run.stderr[-3000:]
+    rows = {line.split()[1]: line.split() for line in run.stdout.splitlines() if line.startswith("spot_mbpp ")}
+    assert rows["lookup@4"][-1] == "1.000" and rows["freedave@4"][-1] == "1.000", run.stdout
+    recorded = json.loads((tmp_path / "run" / "run.json").read_text())["methods"]["lookup"]
+    assert recorded["origin"] == "package spot-eval-prompt-lookup 0.1.0" and recorded["display"] == "Prompt lookup"
