@@ -336,3 +336,18 @@ def test_lm_eval_runs_the_installed_example_beside_freedave_lossless(tmp_path, c
     assert rows["lookup@4"][-1] == "1.000" and rows["freedave@4"][-1] == "1.000", run.stdout
     recorded = json.loads((tmp_path / "run" / "run.json").read_text())["methods"]["lookup"]
     assert recorded["origin"] == "package spot-eval-prompt-lookup 0.1.0" and recorded["display"] == "Prompt lookup"
+
+
+def test_a_method_that_drafts_longer_than_its_verifies_take_gets_a_warning_with_its_share():
+    import pandas as pd
+
+    from spot_eval.harness.session import slow_drafter_lines
+
+    table = pd.DataFrame([
+        {"task": "t", "label": "draft_free", "seconds": 1.0, "drafter_seconds": 0.0, "target_seconds": 0.9},
+        {"task": "t", "label": "slow@4", "seconds": 2.0, "drafter_seconds": 1.2, "target_seconds": 0.7},
+        {"task": "t", "label": "quick@4", "seconds": 1.0, "drafter_seconds": 0.1, "target_seconds": 0.8},
+    ])
+    [line] = slow_drafter_lines(table)
+    assert line.startswith("spot-eval: WARNING slow@4 on t: drafting took 60% of its wall time") and "(35%)" in line
+    assert slow_drafter_lines(table.drop(columns="target_seconds")) == []  # results from before target_seconds was kept
