@@ -28,10 +28,10 @@ import argparse
 import contextlib
 import json
 import statistics
-import time
 from dataclasses import replace
 
 import torch
+from decoder_overhead import timed
 from speedup import prompts_for
 
 import spot.engine
@@ -77,16 +77,6 @@ def unguarded():
         yield
     finally:
         spot.engine.checked, spot.engine._copies = kept
-
-
-def timed(fn, device: torch.device) -> float:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    t = time.perf_counter()
-    fn()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.perf_counter() - t
 
 
 def main() -> None:

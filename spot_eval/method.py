@@ -8,8 +8,9 @@ this module through spot_eval.plugin, whose version covers it.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from importlib.metadata import entry_points
 from pathlib import Path
 
 from spot.config import ACCEPTANCES
@@ -29,6 +30,30 @@ class PluginError(RuntimeError):
 
 class PluginWarning(UserWarning):
     """A plugin that was found and not loaded: it does not import, or a name it declares is taken."""
+
+
+@dataclass(frozen=True)
+class Declared:
+    """What one entry point of an installed package declares: its name, the package ("name version"), the objects it
+    loaded to (one, or each of a list), or the exception that kept it from loading."""
+
+    point: str
+    package: str
+    items: tuple[object, ...] = ()
+    error: Exception | None = None
+
+
+def declared(group: str) -> Iterator[Declared]:
+    """Every entry point of `group` that an installed package declares (spot_eval.methods, spot_eval.targets), loaded;
+    one that does not import comes with its exception, for a line that names it, and the rest still load."""
+    for point in entry_points(group=group):
+        package = f"{point.dist.name} {point.dist.version}" if point.dist is not None else point.value
+        try:
+            loaded = point.load()
+        except Exception as err:
+            yield Declared(point.name, package, error=err)
+            continue
+        yield Declared(point.name, package, tuple(loaded) if isinstance(loaded, (list, tuple)) else (loaded,))
 
 
 @dataclass(frozen=True)

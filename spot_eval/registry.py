@@ -24,11 +24,10 @@ import sys
 import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
-from importlib.metadata import entry_points
 from pathlib import Path
 
 from spot_eval.families import FAMILIES
-from spot_eval.method import Method, PluginWarning
+from spot_eval.method import Method, PluginWarning, declared
 
 GROUP = "spot_eval.methods"
 
@@ -171,17 +170,13 @@ def _load_entry_points() -> list[str]:
     """Admit the methods of every installed package's `spot_eval.methods` entry points (each a Method, or a list
     of them); returns a line per one that failed."""
     problems = []
-    for point in entry_points(group=GROUP):
-        dist = point.dist
-        origin = Origin("package", f"{dist.name} {dist.version}" if dist is not None else point.value)
-        try:
-            loaded = point.load()
-        except Exception as err:
-            problems.append(f"spot-eval: the method plugin {point.name!r} of {origin} does not import "
-                            f"({type(err).__name__}: {err}); the other methods still load")
-            continue
-        for method in loaded if isinstance(loaded, (list, tuple)) else [loaded]:
-            problem = _admit(method, origin, point.name)
+    for found in declared(GROUP):
+        origin = Origin("package", found.package)
+        if found.error is not None:
+            problems.append(f"spot-eval: the method plugin {found.point!r} of {origin} does not import "
+                            f"({type(found.error).__name__}: {found.error}); the other methods still load")
+        for method in found.items:
+            problem = _admit(method, origin, found.point)
             if problem is not None:
                 problems.append(problem)
     return problems

@@ -13,7 +13,7 @@ import torch
 from conftest import MASK_ID, VOCAB, tiny_target, write_checkpoint
 
 from spot import DecodeConfig, Sampling, generate
-from spot.drafters.base import DraftContext
+from spot.drafters.base import DraftContext, DraftError
 from spot.drafters.spiffy import Formula, SpiffyDrafter, commit_offsets, instantiate, prune, scores
 from spot.sizing import DraftMode, Sizing, VerifyCost
 from spot_eval.checkpoints.spiffy_graph import graph_for_target, graph_from_dict, graph_to_dict, load_graph
@@ -105,8 +105,11 @@ def test_a_graph_for_another_block_length_or_target_is_refused(tmp_path):
     with pytest.raises(ValueError, match="differs in tokenizer_sha256.*weights_digest"):
         graph_for_target(model, "single", path)
     drafter = SpiffyDrafter(graph_from_dict(graph_dict(16)))
-    with pytest.raises(ValueError, match="graph is for block length 16 and policy 'single', but decoding uses block length 32"):
+    # Met while drafting: the engine names the drafter, the graph's own error its cause (the harness refuses such a
+    # file before the target loads: spot_eval.harness.methods.drafter_file).
+    with pytest.raises(DraftError, match="drafter 'spiffy' raised ValueError: this Spiffy graph is for block length 16") as err:
         generate(tiny_target(32), [1, 2], DecodeConfig(block_length=32, gen_length=40, budget=3), drafter=drafter)
+    assert isinstance(err.value.__cause__, ValueError)
 
 
 # -- instantiation and pruning on literals -----------------------------------------------------

@@ -14,10 +14,9 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
-from importlib.metadata import entry_points
 
 from spot.targets.checkpoint import FAMILIES, Family, register_family
-from spot_eval.method import PluginWarning
+from spot_eval.method import PluginWarning, declared
 
 GROUP = "spot_eval.targets"
 BUILT_IN = "built in"
@@ -100,18 +99,12 @@ def reference(model_type: str) -> Callable | None:
 def _load_entry_points() -> list[str]:
     """Register the model_types the group's entry points declare; a line per one that failed."""
     problems = []
-    for point in entry_points(group=GROUP):
-        dist = point.dist
-        package = f"{dist.name} {dist.version}" if dist is not None else point.value
-        where = f"package {package} (entry point {point.name!r})"
-        try:
-            loaded = point.load()
-        except Exception as err:
-            problems.append(f"spot-eval: the target plugin {point.name!r} of package {package} does not import "
-                            f"({type(err).__name__}: {err}); the other model types still load")
-            continue
-        for model_type in loaded if isinstance(loaded, (list, tuple)) else [loaded]:
-            problem = _admit(model_type, package, where)
+    for found in declared(GROUP):
+        if found.error is not None:
+            problems.append(f"spot-eval: the target plugin {found.point!r} of package {found.package} does not import "
+                            f"({type(found.error).__name__}: {found.error}); the other model types still load")
+        for model_type in found.items:
+            problem = _admit(model_type, found.package, f"package {found.package} (entry point {found.point!r})")
             if problem is not None:
                 problems.append(problem)
     return problems
