@@ -1,7 +1,7 @@
 """Reference drafters for tests and bounds: random, adversarial and oracle.
 
 The oracle and the adversary peek at the draft-free trajectory of the same request
-(`Generation.trajectory` with record=True). The oracle proposes the true next states, a chain:
+(`Generation.trajectory` with record=True), for as long as the decoding stays on it. The oracle proposes the true next states, a chain:
 the upper bound of forwards saved at a budget (N + 1 steps per verify). The adversary proposes
 near misses of the truth (one token off, or one commit too many), so every node is wrong.
 """
@@ -19,6 +19,13 @@ def _trajectory_index(trajectory) -> dict[int, torch.Tensor]:
     return {trace.block: trace.states for trace in trajectory}
 
 
+def _on_track(states: torch.Tensor, ctx: DraftContext) -> bool:
+    """Whether this decoding is still on the recorded trajectory: its state is the recorded one at this step. Off it
+    (a packed-layout run that parted from the reference at a near tie), the recorded future would change positions
+    this run has already filled, which is no tree for this state."""
+    return ctx.step < len(states) and torch.equal(states[ctx.step], ctx.state.cpu())
+
+
 class OracleDrafter:
     name = "oracle"
 
@@ -27,6 +34,8 @@ class OracleDrafter:
 
     def draft(self, ctx: DraftContext) -> DraftTree:
         truth = self._states[ctx.block]
+        if not _on_track(truth, ctx):
+            return DraftTree.root_only(ctx.state)
         chain = truth[ctx.step + 1 : ctx.step + 1 + ctx.budget]  # [<= N, K]
         states = torch.cat([ctx.state[None], chain])
         return DraftTree(states=states, parents=((),) + tuple((i,) for i in range(len(chain))))
@@ -44,6 +53,8 @@ class AdversarialDrafter:
         return other if other != mask_id else (other + 1) % self._vocab
 
     def draft(self, ctx: DraftContext) -> DraftTree:
+        if not _on_track(self._states[ctx.block], ctx):
+            return DraftTree.root_only(ctx.state)
         truth = self._states[ctx.block][ctx.step :]  # [S' + 1, K], row 0 == ctx.state
         # A timestep step may commit nothing: the near misses are of the first true step that commits.
         moved = torch.nonzero((truth != truth[0]).any(dim=1))[:, 0]
