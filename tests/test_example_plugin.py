@@ -1,6 +1,7 @@
 """The example method plugin, examples/prompt-lookup: its n-gram lookup on literal token lists, the tree its drafter
 grows on hand-made contexts (well formed under every policy and temperature, the lookup's token beside the stale
-chain's where the policy's runner-up names it), and the conformance check on its Method.
+chain's where the policy's runner-up names it). The conformance check runs on it installed, as a user runs it
+(tests/test_plugins.py), and on a Method object in tests/test_plugins.py's worked example.
 
 The example need not be pip-installed here: its folder goes on the import path, and the Method object itself is
 checked, not a registered name."""
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from spot_eval.plugin import DecodeConfig, DraftContext, Sampling, check_method, tree_defect
+from spot_eval.plugin import DecodeConfig, DraftContext, Sampling, tree_defect
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "prompt-lookup"
 MASK = 3  # the hand-made contexts' mask token
@@ -116,9 +117,3 @@ def test_trees_are_well_formed_under_every_policy(lookup, policy, noisy):
     for budget in (1, 3, 8):
         tree = lookup.LookupDrafter().draft(context(root, logits, prefix, config, budget, noisy))
         assert tree_defect(tree, root, budget, VOCAB, MASK) is None
-
-
-@pytest.mark.slow
-def test_the_method_conforms(lookup):
-    report = check_method(lookup.LOOKUP, quick=True)
-    assert report.passed, report.table()
