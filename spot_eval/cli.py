@@ -107,18 +107,22 @@ def _check_method_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plugins", nargs="+", default=[], metavar="FILE", help="plugin files (.py) or modules that declare it")
     p.add_argument("--quick", action="store_true",
                    help="every pair of the grid's settings instead of every combination, 3 prompts (about a minute on a CPU)")
+    add_flags(p, options(TargetSettings), only=("pretrained",), helps={
+        "pretrained": "the target to check on, a checkpoint folder or a cached hub id (default: the embedded target), on the CPU"})
     _threads_flag(p)
 
 
 def _check_method(args: argparse.Namespace) -> None:
     from spot_eval import registry
+    from spot_eval.checkpoints.target import resolve_checkpoint
     from spot_eval.harness.conformance import check_method
 
     _set_threads(args)
     registry.load_plugins(args.plugins, "--plugins")
     name, _, path = args.method.partition(":")
     registry.entry(name)  # an unknown name: refused before anything loads
-    report = check_method(name, path or None, args.quick, progress=lambda line: print(line, file=sys.stderr, flush=True))
+    target = resolve_checkpoint(args.pretrained, option="--pretrained")
+    report = check_method(name, path or None, args.quick, target, progress=lambda line: print(line, file=sys.stderr, flush=True))
     print(report.table())
     raise SystemExit(0 if report.passed else 1)
 

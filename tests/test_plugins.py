@@ -304,7 +304,9 @@ def installed_lookup() -> registry.Entry:
 
 
 @pytest.mark.slow
-def test_the_installed_example_is_listed_with_its_package_and_passes_the_quick_check(tmp_path):
+def test_the_installed_example_is_listed_with_its_package_and_passes_the_quick_check(tmp_path, tiny):
+    """Through the console script, as a user runs it; on a tiny target (`--pretrained`), as the quick check on the
+    embedded one takes about a minute of CI."""
     import os
     import subprocess
 
@@ -316,11 +318,12 @@ def test_the_installed_example_is_listed_with_its_package_and_passes_the_quick_c
     listed = subprocess.run([spot_eval, "methods"], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
     [line] = [x for x in listed.stdout.splitlines() if x.startswith("lookup ")]
     assert "package spot-eval-prompt-lookup 0.1.0" in line and " yes " in line
-    checked = subprocess.run([spot_eval, "check-method", "lookup", "--quick", "--threads", "1"], capture_output=True, text=True,
-                             env=env, cwd=tmp_path, timeout=600)
+    checked = subprocess.run([spot_eval, "check-method", "lookup", "--quick", "--threads", "1", "--pretrained", tiny],
+                             capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
     assert checked.returncode == 0, checked.stdout + checked.stderr[-2000:]
     assert "PASS: every output equals draft-free's" in checked.stdout and "FAIL" not in checked.stdout
     assert "lookup@8" in checked.stdout and "freedave@8" in checked.stdout  # ranked beside the rivals
+    assert f"prompts on {tiny}," in checked.stdout
 
 
 @pytest.mark.slow

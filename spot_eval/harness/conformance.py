@@ -120,6 +120,7 @@ class MethodReport:
     prompts: int
     skipped: tuple[str, ...] = ()
     seconds: float = 0.0
+    target: str = "the embedded target"
 
     @property
     def passed(self) -> bool:
@@ -130,7 +131,7 @@ class MethodReport:
         time per draft, and the forwards saved beside FreeDave and SPOT."""
         width = max(len(c.name) for c in self.checks)
         lines = [f"spot-eval check-method {self.method} ({self.origin}): {len(self.cells)} "
-                 f"{'quick ' if self.quick else ''}cells of the grid x {self.prompts} prompts on the embedded target, "
+                 f"{'quick ' if self.quick else ''}cells of the grid x {self.prompts} prompts on {self.target}, "
                  f"{self.seconds:.0f} s", ""]
         for c in self.checks:
             verdict = "n/a " if c.cells == 0 else ("pass" if c.passed else "FAIL")
@@ -200,7 +201,8 @@ def prompts(target, count: int) -> list[list[int]]:
 
 def check_method(method: str | Method, path: str | None = None, quick: bool = False, checkpoint=EMBEDDED_TARGET,
                  progress: Callable[[str], None] | None = None) -> MethodReport:
-    """Run `method` (a registered name, or a Method) over the grid on the embedded target; see the module docstring.
+    """Run `method` (a registered name, or a Method) over the grid on `checkpoint` (a target's folder; default: the
+    embedded target); see the module docstring.
 
     path: the method's file (a learned method; default: the shipped one for a built-in). `quick`: the pairwise
     cells, 3 prompts and 48 new tokens (about a minute on a CPU); else every cell, 6 prompts and 96 tokens.
@@ -264,7 +266,7 @@ def check_method(method: str | Method, path: str | None = None, quick: bool = Fa
         draft = (statistics.median(ordered), ordered[int(0.9 * (len(ordered) - 1))])
     return MethodReport(method.name, origin, quick, cells, checks, draft,
                         statistics.median(probe_log.verify) if probe_log.verify else None, saved, count, tuple(skipped),
-                        time.perf_counter() - started)
+                        time.perf_counter() - started, "the embedded target" if str(checkpoint) == str(EMBEDDED_TARGET) else str(checkpoint))
 
 
 def _resolve(method: str | Method) -> tuple[Method, str]:
@@ -316,7 +318,8 @@ def _saved(method: Method, origin: str, path: str | None, target, ids: list[list
                                           for i, p in enumerate(ids)], 1)
             out.append(Saved(f"{name}@{RANK_BUDGET}", base / sum(g.stats.forwards for g in got)))
         except (DraftError, PluginError, ValueError, FileNotFoundError) as err:
-            out.append(Saved(f"{name}@{RANK_BUDGET}", None, f"did not run: {err}"[:120]))
+            reason = str(err).splitlines()[0]
+            out.append(Saved(f"{name}@{RANK_BUDGET}", None, "did not run: " + (reason if len(reason) <= 100 else reason[:99] + "…")))
     return tuple(out)
 
 
