@@ -217,11 +217,12 @@ def test_a_requests_logits_in_a_batched_forward_are_its_own_forwards_bit_for_bit
 
 @pytest.mark.slow
 def test_lm_eval_at_batch_size_4_gives_what_batch_size_1_gives(tmp_path, capsys):
-    """The real `lm_eval --model spot --batch_size 4` against `--batch_size 1` (SPOT, SPOT-Sets and Spiffy on the
-    embedded target, exact): the same responses, forward counts per request and scores; batch 4 checked its
-    draft-free tokens against batch 1's (no batch divergence) and says its batch size in run.json and MLflow.
-    Batch 1, the reference, runs in this process; batch 4 is the real command."""
-    args = "methods=spot@8+sets@8+spiffy@3,unmasking=threshold,exact=true,device=cpu,threads=1"
+    """The real `lm_eval --model spot --batch_size 4` against `--batch_size 1` (SPOT and SPOT-Sets on the embedded
+    target, exact; every drafter's batching in-process: test_every_drafter_is_lossless_and_batch_invariant): the
+    same responses, forward counts per request and scores; batch 4 checked its draft-free tokens against batch 1's
+    (no batch divergence) and says its batch size in run.json and MLflow. Batch 1, the reference, runs in this
+    process; batch 4 is the real command."""
+    args = "methods=spot@8+sets@8,unmasking=threshold,exact=true,device=cpu,threads=1"
     runs = {}
     for size, launch in ((1, functools.partial(run_lm_eval_here, capsys)), (4, run_lm_eval)):
         cwd = tmp_path / f"b{size}"
@@ -237,7 +238,7 @@ def test_lm_eval_at_batch_size_4_gives_what_batch_size_1_gives(tmp_path, capsys)
                       scored["results"]["spot_gsm8k"], sorted((s["doc_id"], s["resps"]) for s in logged),
                       json.loads((run_dir / "run.json").read_text()), samples)
     (one, scores_one, responses_one, _, _), (four, scores_four, responses_four, run_json, samples) = runs[1], runs[4]
-    assert len(one) == 16 and one == four  # 4 requests x (draft-free, spot@8, sets@8, spiffy@3)
+    assert len(one) == 12 and one == four  # 4 requests x (draft-free, spot@8, sets@8)
     assert responses_one == responses_four and scores_one == scores_four
     assert all(s["lossless"] and s["batch_size"] == 4 for s in samples)
     assert run_json["batch_size"] == 4 and run_json["identity"]["batch_size"] == "4"
