@@ -63,3 +63,18 @@ def test_at_t1_the_ranking_is_the_steps_coupled_draw():
     scores = b.topk_logprobs[1].double() + noise
     expected = 0 if int(b.topk_ids[1, 3][scores[3].argmax()]) == 7 else 1
     assert DRIFT.committed_ranks(b, 2, 1) == [(3, expected)]
+
+
+REPLAY_SPEC = importlib.util.spec_from_file_location("drafter_replay", Path(__file__).parent.parent / "bench" / "drafter_replay.py")
+REPLAY = importlib.util.module_from_spec(REPLAY_SPEC)
+REPLAY_SPEC.loader.exec_module(REPLAY)
+
+
+def test_the_perfect_order_tree_branches_where_the_calibrated_ranks_say():
+    b = block()
+    assert REPLAY.true_ranks(b, 1, 3) == [0, 0]  # steps 1 and 2 behind step 0 (the block's last step is never drafted)
+    assert REPLAY.true_ranks(b, 2, 3) == [1]
+    # Depth 0 holds rank 0 and rank 1 once each, so a 2-node tree takes both first tokens and no second depth:
+    # from root 1 it accepts one drafted state (2 commits), then the last step goes alone: 4 commits in 3 forwards.
+    assert REPLAY.order_oracle_tree([b], 2) == pytest.approx(4 / 3)
+    assert REPLAY.order_oracle_top1([b], 2) == pytest.approx(4 / 2)  # the top-1 chain takes both steps from root 1
