@@ -12,7 +12,7 @@ calls per tree level), with the drafting seconds. Three bounds put the numbers i
                       trajectories (a drafter trained with --policy threshold) each step is the
                       target's committed set: SPOT-Sets' bound with perfect set prediction.
   order_oracle_tree   a tree of the same size with the true order that also branches on the stale top-k tokens,
-                      scored by each depth's calibrated rank shares (measured on the same blocks): the ceiling
+                      scored by each depth's calibrated rank shares (measured on the same blocks): an estimate of the ceiling
                       of trees whose tokens come from the stale distribution, whatever their order model
                       (single-commit steps: a step that commits a set ends the tree there).
   budget_plus_one     the engine's ceiling, reached by the true-future oracle drafter (tests).
