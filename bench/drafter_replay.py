@@ -70,17 +70,14 @@ def true_ranks(block: RecordedBlock, s: int, depths: int) -> list[int]:
     """From root step s: for each following single-commit step s + j (j < depths, stopping at a set step or the
     block's last step), the 0-based rank of the token the target commits there among the stale top-k behind step
     s - 1, ranked as the target draws at step s + j; -1 where the token is not in the top-k."""
-    lp, ids = block.topk_logprobs[s - 1].double(), block.topk_ids[s - 1].long()  # [K, k]
     positions, ranks = block.committed_positions(), []
+    k = block.topk_ids.shape[-1]
     for step in range(s, min(s + depths, block.states.shape[0] - 2)):
         p = int(positions[step])
         if p < 0:
             break
-        by = lp[p]
-        if block.temperature > 0:
-            by = lp[p] / block.temperature + step_noise_at_topk(block.seed, block.request, block.block, step, ids)[p]
-        hit = (ids[p, by.argsort(descending=True, stable=True)] == block.states[step + 1, p]).nonzero().flatten()
-        ranks.append(int(hit[0]) if hit.numel() else -1)
+        rank = block.token_rank(s - 1, step, p)
+        ranks.append(rank if rank < k else -1)
     return ranks
 
 

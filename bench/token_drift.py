@@ -32,25 +32,13 @@ import sys
 import torch
 
 from spot.drafters.order_examples import RecordedBlock
-from spot.drafters.order_model import step_noise_at_topk
 
 
 def committed_ranks(block: RecordedBlock, step: int, staleness: int) -> list[tuple[int, int]]:
-    """(position, rank) of each position step `step` commits, its token's 0-based rank under the distribution
-    recorded behind step `step - staleness` ranked with step `step`'s draw; the recorded top-k's size where the
-    token is not in it."""
+    """(position, rank) of each position step `step` commits, its token's rank under the distribution recorded
+    behind step `step - staleness` (RecordedBlock.token_rank)."""
     changed = (block.states[step + 1] != block.states[step]).nonzero().flatten().tolist()
-    lp, ids = block.topk_logprobs[step - staleness].double(), block.topk_ids[step - staleness].long()  # [K, k]
-    scores = lp
-    if block.temperature > 0:
-        scores = lp / block.temperature + step_noise_at_topk(block.seed, block.request, block.block, step, ids)
-    order = scores.argsort(dim=-1, descending=True, stable=True)  # [K, k]
-    ranked = ids.gather(-1, order)  # [K, k] the ids best first
-    out = []
-    for p in changed:
-        hit = (ranked[p] == block.states[step + 1, p]).nonzero().flatten()
-        out.append((p, int(hit[0]) if hit.numel() else ranked.shape[-1]))
-    return out
+    return [(p, block.token_rank(step - staleness, step, p)) for p in changed]
 
 
 FIELDS = ("commits", "top1", "top2", "top4", "adjacent", "top1_adjacent")

@@ -53,6 +53,17 @@ class RecordedBlock:
         noise = step_noise_at_topk(self.seed, self.request, self.block, node_step, ids) if self.temperature > 0 else None
         return predict(lp, ids, self.temperature, noise).probs[:, 0].double()
 
+    def token_rank(self, stale_step: int, node_step: int, position: int) -> int:
+        """The 0-based rank of the token step `node_step` commits at `position` among the top-k recorded behind
+        step `stale_step`, ranked as step `node_step` draws (by logits at T = 0, logits / T + its noise at T > 0);
+        k where the token is not in the top-k."""
+        lp, ids = self.topk_logprobs[stale_step, position].double(), self.topk_ids[stale_step].long()  # [k], [K, k]
+        if self.temperature > 0:
+            lp = lp / self.temperature + step_noise_at_topk(self.seed, self.request, self.block, node_step, ids)[position]
+        ranked = ids[position, lp.argsort(descending=True, stable=True)]  # [k] the ids best first
+        hit = (ranked == self.states[node_step + 1, position]).nonzero().flatten()
+        return int(hit[0]) if hit.numel() else ranked.numel()
+
     def committed_positions(self) -> torch.Tensor:
         """[S] the one position each step committed, -1 where a step committed several (a set policy's
         step, which no single-commit node of SPOT's tree can match)."""
