@@ -84,12 +84,13 @@ def test_the_verdict_cannot_tell_two_methods_whose_intervals_overlap():
                  sample("spot_gsm8k", d, "freedave@8", 31 + 5 * d % 31, 1.0), sample("spot_gsm8k", d, "oracle@8", 12, 1.0)]
     bundle = Bundle(dict(SETTINGS), [{"temperature": 0.0, "seed": 0}], pd.DataFrame(rows), pd.DataFrame(), pd.DataFrame())
     numbers = table2.numbers(bundle)
-    said = " ".join(compare.findings(numbers, "cpu"))
+    said = " ".join(compare.findings(numbers, "cpu", compare.rivals(numbers)))
     assert "the interval cannot tell SPOT @8" in said and "from FreeDave @8" in said
     assert "on gsm8k the interval cannot tell" in said
     apart = [{**r, "forwards": 20} if r["label"] == "spot@8" else r for r in rows]
     bundle = Bundle(dict(SETTINGS), [{"temperature": 0.0, "seed": 0}], pd.DataFrame(apart), pd.DataFrame(), pd.DataFrame())
-    said = " ".join(compare.findings(table2.numbers(bundle), "cpu"))
+    numbers = table2.numbers(bundle)
+    said = " ".join(compare.findings(numbers, "cpu", compare.rivals(numbers)))
     assert "gsm8k: SPOT @8 5.00 [5.00, 5.00], 55% of the bound" in said and "cannot tell" not in said
 
 

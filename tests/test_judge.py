@@ -80,6 +80,18 @@ def test_a_builtin_name_the_reference_defines_is_the_programs_and_the_others_sta
     assert [o.status for o in run_many([right, wrong], tests=[tests, tests])] == ["passed", "failed"]
 
 
+
+def test_tests_of_no_known_problem_take_their_helpers_from_the_program_unless_given_a_prelude():
+    """docs/sandbox.md, "Not guaranteed": upstream's behaviour for tests spot-eval does not vendor (a helper they
+    call and do not define is the program's, so redefining it changes the verdict), and the prelude that closes it."""
+    helper, code = "def poly(x):\n    return x * x\n", "assert poly(root()) == 9"
+    bare, closed = problems.Tests(code), problems.Tests(code, prelude=helper)
+    assert bare.program_names() == ["poly", "root"] and closed.program_names() == ["root"]
+    right = helper + "def root():\n    return 3\n"
+    cheat = "def poly(x):\n    return 9\n\ndef root():\n    return 2\n"  # a wrong root, its own poly to hide it
+    outcomes = run_many([right, cheat, right, cheat], tests=[bare, bare, closed, closed])
+    assert [o.status for o in outcomes] == ["passed", "passed", "passed", "failed"]
+
 def test_a_handle_refuses_what_would_let_the_object_decide():
     handle = Handle(None, 7, named=False)  # no channel: none of these may reach the program
     for attempt in (lambda: handle == 1, lambda: handle != 1, lambda: handle < 1, lambda: bool(handle),

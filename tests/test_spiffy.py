@@ -16,7 +16,13 @@ from spot import DecodeConfig, Sampling, generate
 from spot.drafters.base import DraftContext, DraftError
 from spot.drafters.spiffy import Formula, SpiffyDrafter, commit_offsets, instantiate, prune, scores
 from spot.sizing import DraftMode, Sizing, VerifyCost
-from spot_eval.checkpoints.spiffy_graph import graph_for_target, graph_from_dict, graph_to_dict, load_graph
+from spot_eval.checkpoints.spiffy_graph import (
+    graph_for_target,
+    graph_from_dict,
+    graph_to_dict,
+    load_graph,
+    write_graph,
+)
 from spot_eval.checkpoints.target import load_target
 from spot_eval.cli import main
 from spot_eval.training.spiffy_calibrate import build_graph, count_futures, replay, select
@@ -87,6 +93,18 @@ def test_a_graph_round_trips_and_orders_parents_first():
     assert graph.size == 7 and graph.nodes[4].parents == (1, 2) and graph.nodes[6].parents == (4, 5)
     assert graph_from_dict(graph_to_dict(graph)) == graph
 
+
+
+def test_a_graph_file_is_parsed_once_per_version(tmp_path):
+    """A run reads its graph three times before it decodes (checked before the target loads, again when the drafter
+    is built, and for the target's fingerprint): one parse, until the file changes."""
+    path = tmp_path / "graph.json"
+    write_graph(path, graph_from_dict(graph_dict()))
+    first = load_graph(path)
+    assert load_graph(path, block_length=first.block_length) is first
+    write_graph(path, replace(first, calibration={"prompts": 2}))  # a new file, renamed into place
+    again = load_graph(path)
+    assert again is not first and again.calibration == {"prompts": 2} and again.nodes == first.nodes
 
 def test_a_graph_for_another_block_length_or_target_is_refused(tmp_path):
     path = tmp_path / "b16.json"

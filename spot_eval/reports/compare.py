@@ -164,9 +164,10 @@ LEADER_BUDGET = 8  # the verify size the verdict names each task's leader at (th
 IDLE_TAU = 1.1  # below it a method's speed is draft-free decoding's own: it hardly speculated
 
 
-def findings(numbers: pd.DataFrame, device: str) -> list[str]:
+def findings(numbers: pd.DataFrame, device: str, against: pd.DataFrame) -> list[str]:
     """What the comparison found, in words, per temperature and policy: lossless or not, the most forwards saved,
-    the fastest on this device against draft-free, and the rivals; then why wall clock differs from forwards."""
+    the fastest on this device against draft-free, and the rivals (`against`: rivals(numbers), which the report's
+    table shows too); then why wall clock differs from forwards."""
     lines = []
     methods = numbers[(numbers.label != "draft_free") & ~numbers.label.str.startswith(f"{BOUND}@")]
     for (t, policy), rows in methods.groupby(["temperature", "policy"], sort=True):
@@ -188,7 +189,6 @@ def findings(numbers: pd.DataFrame, device: str) -> list[str]:
                         + idle + (", faster than draft-free decoding" if round(per.throughput[fast], 2) > 1 else
                                   ": no method beat draft-free decoding in wall-clock time here"))
         lines.append("".join(said) + ".")
-    against = rivals(numbers)
     return [*lines, *rival_verdicts(against), *leaders_at(against, LEADER_BUDGET), WHY_WALL_CLOCK]
 
 
@@ -268,8 +268,8 @@ def write_comparison(bundle: Bundle, out_dir: str | Path, date: str | None = Non
     numbers = pd.concat([c.numbers for c in comparisons], ignore_index=True)
     shown = figures(bundle, numbers, out_dir, date, "compare_")
     files += [path for _, path in shown]
-    sections.insert(0, Section("Verdict", "\n\n".join(findings(numbers, bundle.identity.get("device") or "this device"))))
     against = rivals(numbers)
+    sections.insert(0, Section("Verdict", "\n\n".join(findings(numbers, bundle.identity.get("device") or "this device", against))))
     if not against.empty:
         sections.insert(1, Section("Against the rivals and the bound",
                                    "Per fixed budget, each method's forwards × over draft-free and, where the oracle ran at "
