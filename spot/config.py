@@ -10,8 +10,10 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # torch loads where a tensor is made: the command line builds its flags from this module first
+    import torch
 
 POLICIES = ("single", "threshold", "static", "dynamic", "timestep")
 SCHEDULED = ("static", "dynamic")  # the policies that follow SDAR's per-step commit counts (`steps`)
@@ -22,6 +24,7 @@ RULE_FIELDS = ("confidence", "mask_in_softmax", "first_token_commit", "alg_temp"
 ACCEPTANCES = ("exact", "max_commit")  # how the walk follows the target down a draft tree (spot.acceptance)
 CONFIDENCES = ("probability", "margin", "entropy", "random")  # what ranks the masked positions (spot.policy.confidence_of)
 CONFIDENCE_DTYPES = ("float64", "model")  # what the confidences are computed and ranked in (spot.policy.propose)
+CACHES = ("dual", "prefix", "none", "nosuffix")  # a frozen-cache target's decoders (spot.targets.dual_cache)
 SEED_LIMIT = 2**32  # the noise key mixes the seed as one 32-bit word (spot.noise): larger seeds would alias
 
 
@@ -268,6 +271,8 @@ class DecodeConfig:
         if self.policy == "timestep":
             if masked is None:
                 raise ValueError("the timestep policy's commit count depends on the masked positions left; pass masked")
+            import torch
+
             fraction = self.transfer_fraction(step)
             return masked if fraction is None else int(torch.tensor(masked, dtype=torch.float32) * fraction)
         if self.policy not in SCHEDULED:
@@ -310,4 +315,6 @@ class DecodeConfig:
 @functools.cache
 def _dream_timesteps(steps: int, eps: float) -> torch.Tensor:
     """linspace(1, eps, steps + 1) in float32, as Dream's; made once per schedule (every step reads it)."""
+    import torch
+
     return torch.linspace(1, eps, steps + 1)

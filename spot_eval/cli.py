@@ -11,6 +11,7 @@ import traceback
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NoReturn
 
 from spot.config import DecodeConfig
 from spot_eval.harness.options import add_flags, build, given, options
@@ -72,12 +73,22 @@ def _plugins_flags(p: argparse.ArgumentParser) -> None:
                    help="seconds one draft of a plugin's method may take before it is stopped as hung")
 
 
+def _decoder(args: argparse.Namespace) -> dict[str, object]:
+    """The decoder's settings from the flags, refused here, before torch loads, wherever they are wrong whatever the
+    checkpoint. An unset block length is the checkpoint's, so the one rule that reads it (steps <= block_length)
+    waits for decode_prompt, which builds the config again once the checkpoint is read."""
+    decoder = given(args, options(DecodeConfig))
+    block_length = decoder.get("block_length") or decoder.get("steps") or DecodeConfig.block_length
+    build(DecodeConfig, decoder, block_length=block_length)
+    return decoder
+
+
 def _decode(args: argparse.Namespace) -> None:
+    decoder, budget, target = _decoder(args), _budget(args.budget), build(TargetSettings, given(args, options(TargetSettings)))
     from spot_eval.harness.decode import decode_prompt
 
     _set_threads(args)
-    result = decode_prompt(build(TargetSettings, given(args, options(TargetSettings))), given(args, options(DecodeConfig)),
-                           args.method, _budget(args.budget), args.prompt, args.chat, args.drafter, args.max_budget,
+    result = decode_prompt(target, decoder, args.method, budget, args.prompt, args.chat, args.drafter, args.max_budget,
                            tuple(args.plugins), args.draft_timeout)
     if args.json:
         print(json.dumps(result))
@@ -438,9 +449,10 @@ def _sync_flags(p: argparse.ArgumentParser) -> None:
 
 def _sync(args: argparse.Namespace) -> None:
     from spot_eval.tracking.store import TrackingUnavailable, check_uri
-    from spot_eval.tracking.sync import sync
 
     check_uri("--tracking-uri", args.tracking_uri)
+    from spot_eval.tracking.sync import sync  # mlflow loads after the flags are checked
+
     try:
         for line in sync(args.spool, args.tracking_uri):
             print(line, flush=True)
@@ -478,10 +490,12 @@ def _nightly_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _nightly(args: argparse.Namespace) -> None:
-    from spot_eval.reports.nightly import NightlyError, load_suite, nightly
     from spot_eval.tracking.store import check_uri
 
     check_uri("--tracking-uri", args.tracking_uri)
+    # pandas and mlflow load after the flags are checked
+    from spot_eval.reports.nightly import NightlyError, load_suite, nightly
+
     log = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
     try:
         suite = load_suite(args.suite)
@@ -505,14 +519,16 @@ def _compare_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _compare(args: argparse.Namespace) -> None:
-    from spot_eval.reports.compare import write_comparison
-    from spot_eval.reports.history import HistoryError, evaluation_bundle
-    from spot_eval.reports.results import combine, read_any
     from spot_eval.tracking.store import check_uri
 
     check_uri("--tracking-uri", args.tracking_uri)
     if not args.results and not args.experiment:
         raise ValueError("compare needs --experiment NAME (MLflow) or --results FILE... (bundles or run directories)")
+    # pandas, matplotlib and mlflow load after the flags are checked
+    from spot_eval.reports.compare import write_comparison
+    from spot_eval.reports.history import HistoryError, evaluation_bundle
+    from spot_eval.reports.results import combine, read_any
+
     bundle = None
     if args.experiment:
         try:
@@ -602,9 +618,18 @@ DOCS_PAGES = {
 }
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse's parser, refusing in one line that names the way to the flags, as every other refusal does, not
+    after a screen of usage; its subcommands' parsers are of this class too (add_subparsers' default)."""
+
+    def error(self, message: str) -> NoReturn:
+        listed = "commands" if self._subparsers else "flags"
+        self.exit(2, f"{self.prog}: error: {message} ({self.prog} --help lists the {listed})\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     pages = "\n".join(f"  {command.name:<18}{DOCS}{DOCS_PAGES[command.name]}" for command in COMMANDS)
-    parser = argparse.ArgumentParser(prog="spot-eval", description=__doc__, epilog=f"documentation: {DOCS} {DOCS_SITE}\n{pages}",
+    parser = Parser(prog="spot-eval", description=__doc__, epilog=f"documentation: {DOCS} {DOCS_SITE}\n{pages}",
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     for command in COMMANDS:

@@ -12,9 +12,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from spot.config import ACCEPTANCES
-from spot.drafters.base import Drafter
+
+if TYPE_CHECKING:  # a drafter is built after the command line has parsed its flags, which must not wait for torch
+    from spot.drafters.base import Drafter
 
 NAME = re.compile(r"^[a-z][a-z0-9_]*$")  # what `methods=name@budget` can spell (lower case: labels are case-blind)
 COLOUR = re.compile(r"^#[0-9A-Fa-f]{6}$")

@@ -64,7 +64,7 @@ def test_decode_prints_the_json_contract_and_methods_agree(checkpoint, capsys):
         (["--budget", "3"], "takes no budget"),
         (["--method", "spot", "--budget", "4", "--drafter", "/nowhere.pt"], "does not exist"),
         (["--temperature", "-1"], "temperature must be >= 0"),
-        (["--unmasking", "greedy"], "unknown unmasking policy 'greedy'"),
+        (["--unmasking", "greedy"], "unknown unmasking 'greedy'; choose one of single"),
         (["--chat"], "--chat needs a chat template"),
         (["--gen-length", "1000"], "needs 1008 positions"),
     ],
@@ -74,6 +74,21 @@ def test_bad_input_is_one_clear_line(checkpoint, capsys, args, message):
     assert run.returncode == 2
     assert message in run.stderr and "Traceback" not in run.stderr
 
+
+
+HEAVY = ("torch", "transformers", "mlflow", "lm_eval", "accelerate")
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["decode", "--help"], ["decode", "--prompt", "hi", "--temperature", "-1"],
+                                  ["decode", "--prompt", "hi", "--budget", "many"], ["decode", "--prompt", "hi", "--top-p", "2"]])
+def test_help_and_refusals_come_before_torch_loads(argv):
+    """--help and a flag wrong whatever the checkpoint are answered from the settings' classes alone: none of the
+    heavy packages (seconds to import) load first (bench/cli_latency.py times it)."""
+    code = ("import sys\nfrom spot_eval.cli import main\ntry:\n    main(sys.argv[1:])\nexcept SystemExit as end:\n"
+            f"    print(end.code, sorted(m for m in {HEAVY!r} if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=60)
+    assert done.stdout.splitlines()[-1] == f"{0 if argv[-1] == '--help' else 2} []", done.stdout[-300:] + done.stderr
+    assert argv[-1] == "--help" or done.stderr.startswith("error: ")
 
 def test_a_missing_target_is_named(tmp_path, capsys):
     run = run_cli(capsys, "decode", "--target", str(tmp_path / "none"), "--prompt", "x")

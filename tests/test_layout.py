@@ -118,6 +118,16 @@ def test_every_module_sits_in_a_layer():
     assert not loose, f"modules outside the layers (move them into a subpackage, or add one to LAYERS): {loose}"
 
 
+
+def test_spot_exports_what_it_lists():
+    """spot's names load on first use (spot/__init__.py): each one listed must resolve, and none be left out."""
+    import spot
+
+    assert sorted(spot.__all__) == sorted(spot._HOMES)
+    assert all(getattr(spot, name).__name__ == name for name in spot.__all__)
+    with pytest.raises(AttributeError, match="no attribute 'nothing'"):
+        spot.nothing  # noqa: B018
+
 def test_the_layers_import_only_downwards():
     wrong = layer_violations(GRAPH)
     assert not wrong, "imports that climb up or sideways:\n" + "\n".join(wrong)

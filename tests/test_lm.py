@@ -244,7 +244,7 @@ def test_records_kept_in_the_cache_come_back_as_they_were(checkpoint):
         ({"dtype": "int4"}, "unknown dtype"),
         ({"exact": "ture"}, "exact='ture' is not a boolean; write exact=true or exact=false"),
         ({"fail_on_divergence": "ture"}, "fail_on_divergence='ture' is not a boolean"),
-        ({"cache": "duel"}, "cache='duel': use one of dual, prefix, none, nosuffix"),
+        ({"cache": "duel"}, "unknown cache 'duel'; choose one of dual, prefix, none, nosuffix"),
         ({"cache": "none"}, "cache='none' applies to bidirectional targets"),
     ],
 )

@@ -285,6 +285,22 @@ def test_sync_skips_an_entry_an_evaluation_is_still_writing(tmp_path, capsys):
     tracker.end()
 
 
+
+def test_a_server_said_down_at_the_start_is_probed_once(tmp_path, monkeypatch):
+    """lm_eval's model says the outage before the weights load (announce_unreachable); the run it then opens spools
+    without waiting on a second probe (each up to store.HEALTH_TIMEOUT_S on a silent host), and one that opens
+    after the server is back probes again."""
+    config = TrackingConfig(tracking_uri=f"http://127.0.0.1:{free_port()}", spool_dir=str(tmp_path))
+    probes = []
+    monkeypatch.setattr(writer, "unreachable", lambda uri: probes.append(uri) or "connection refused")
+    with pytest.warns(RuntimeWarning, match="no MLflow server answers") as said:
+        writer.announce_unreachable(config)
+        open_tracker(config).end()
+    assert len(probes) == 1 and len(said) == 1  # one probe, one line
+    monkeypatch.setattr(writer, "unreachable", lambda uri: probes.append(uri) and None)
+    writer.announce_unreachable(config)  # back: the next run connects instead of spooling
+    assert config.tracking_uri not in writer._ANNOUNCED and len(probes) == 2
+
 @pytest.mark.xdist_group("mlflow_server")
 @pytest.mark.slow
 def test_server_killed_mid_run_loses_nothing(server, tmp_path, capsys):

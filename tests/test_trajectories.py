@@ -196,7 +196,7 @@ def test_cli_collect_then_train_drafter(checkpoint, tmp_path, capsys):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--policy", "greedy"], "unknown unmasking policy 'greedy'"),
+        (["--policy", "greedy"], "unknown unmasking 'greedy'; choose one of single"),
         (["--temperatures", "0,x"], "--temperatures takes comma-separated numbers"),
         (["--prompts", "0"], "must be >= 1"),
         (["--no-chat", "--workers", "0"], "--workers (0) must be >= 1"),

@@ -41,13 +41,13 @@ import torch.nn.functional as F
 from transformers import AttentionInterface, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+from spot.config import CACHES
 from spot.targets.base import Call, ModelTarget, Verified
 from spot.targets.checkpoint import Checkpoint, load
 from spot.targets.memory import SAFE_FRACTION, free_bytes, layer_row_bytes
 from spot.targets.rows import row_invariant_linears
 
 FROZEN = "spot_frozen_canvas"
-CACHES = ("dual", "prefix", "none", "nosuffix")
 # The order of a live row's keys: "position" ([prefix | live rows | suffix], the reference's) or "frozen_first"
 # ([frozen | live rows], this project's order before 2026-12-03; bench/key_order.py compares the two).
 KEY_ORDERS = ("position", "frozen_first")

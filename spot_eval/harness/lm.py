@@ -96,7 +96,6 @@ class SpotLM(LM):
             drafter_file(spec, block_length, self.config.policy)
             spec.config(self.config)  # a lossy method's acceptance rule is checked against the policy here
         settings.check_output_dir("output_dir", args.output_dir)
-        settings.check_cache("cache", args.cache)
         settings.check_budgets({s.label: self.config.verify_pieces(s.budget) for s in self.specs if not s.auto},
                                block_length, checkpoint.info.vocab_size, dtype, device)
         if self.ranks.main:  # a tracking server that does not answer: said now, in one line, with the way back

@@ -19,7 +19,7 @@ import argparse
 import dataclasses
 import types
 import typing
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from spot.config import Setting
@@ -72,7 +72,13 @@ class Option:
         """A value as lm-eval hands it over (a string, or a number it coerced: `-1` arrives as `-1.0`), typed."""
         if value is None:
             return None
-        return KINDS[self.kind](self.name, value) if self.kind in KINDS else str(value)
+        return self.check(KINDS[self.kind](self.name, value) if self.kind in KINDS else str(value))
+
+    def check(self, value: object) -> object:
+        """The value, or a ValueError where it is not one of `choices`, in the words both front doors use."""
+        if self.choices and value is not None and value not in self.choices:
+            raise ValueError(f"unknown {self.name} {value!r}; choose one of {', '.join(self.choices)}")
+        return value
 
 
 def options(cls: type) -> tuple[Option, ...]:
@@ -151,7 +157,20 @@ def add_flags(parser: argparse.ArgumentParser, opts: Iterable[Option], only: Ite
         if o.kind is bool:
             parser.add_argument(*flags, dest=o.name, action=argparse.BooleanOptionalAction, default=o.default, help=text)
         else:
-            parser.add_argument(*flags, dest=o.name, type=o.kind, default=o.default, metavar=metavar, help=text)
+            parser.add_argument(*flags, dest=o.name, type=_chosen(o) if o.choices else o.kind, default=o.default,
+                                metavar=metavar, help=text)
+
+
+def _chosen(o: Option) -> Callable[[str], object]:
+    """argparse's type for an option with choices: its value, or the option's own refusal (Option.check) as the
+    flag's error (argparse's `choices` would word it otherwise than model_args do)."""
+    def parse(text: str) -> object:
+        try:
+            return o.check(text)
+        except ValueError as err:
+            raise argparse.ArgumentTypeError(str(err)) from None
+
+    return parse
 
 
 def given(args: argparse.Namespace, opts: Iterable[Option]) -> dict[str, object]:

@@ -20,16 +20,16 @@ import tempfile
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-
-from spot.config import setting
-from spot.targets.dual_cache import CACHES
-from spot.targets.memory import pieces_bound
+from spot.config import CACHES, setting
 from spot_eval.checkpoints.shipped import EMBEDDED_TARGET
 
+if TYPE_CHECKING:  # torch loads inside the checks that need it: the command line builds its flags from here first
+    import torch
+
 TRUE, FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = ("float32", "bfloat16", "float16")  # torch dtypes by name (resolve_dtype)
 
 
 MAX_BUDGET = 20  # budget=auto's default cap: the paper's largest budget
@@ -117,6 +117,8 @@ def resolve_device(name: str, value: str) -> str:
     """A torch device string that exists here: auto is cuda:0 where CUDA is usable, else cpu. A device this
     machine does not have (CUDA without CUDA, a CUDA index past the visible ones, MPS) is refused, never
     replaced by another: a run meant for a GPU must not quietly measure a CPU."""
+    import torch
+
     if value == "auto":
         return "cuda:0" if torch.cuda.is_available() else "cpu"
     try:
@@ -150,18 +152,15 @@ def fall_back_device(value: str) -> str:
     return value
 
 
-def check_cache(name: str, value: str | None) -> None:
-    if value is not None and value not in CACHES:
-        raise ValueError(f"{name}={value!r}: use one of {', '.join(CACHES)} (LLaDA and Dream targets only)")
-
-
 def resolve_dtype(name: str, value: str, device: str) -> torch.dtype:
     """auto is float32 on a CPU and bfloat16 elsewhere (what SDAR ships)."""
+    import torch
+
     if value == "auto":
         return torch.float32 if device == "cpu" else torch.bfloat16
     if value not in DTYPES:
         raise ValueError(f"unknown {name} {value!r}; choose auto, {', '.join(DTYPES)}")
-    return DTYPES[value]
+    return getattr(torch, value)
 
 
 def resolve_target(target: TargetSettings) -> tuple[Path, str, torch.dtype]:
@@ -171,7 +170,6 @@ def resolve_target(target: TargetSettings) -> tuple[Path, str, torch.dtype]:
 
     device = resolve_device("--device", target.device)
     dtype = resolve_dtype("--dtype", target.dtype, device)
-    check_cache("--cache", target.cache)
     return resolve_checkpoint(target.pretrained, target.revision, option="--pretrained"), device, dtype
 
 
@@ -198,6 +196,10 @@ def check_budgets(budgets: dict[str, int], block_length: int, vocab_size: int, d
     """Refuse, before the weights load, a budget whose verify could not fit in the device's free memory for any
     target (spot.targets.memory.pieces_bound: its logits alone); the engine checks the exact figure per request.
     budgets: label -> the pieces one verify holds (DecodeConfig.verify_pieces)."""
+    import torch
+
+    from spot.targets.memory import pieces_bound
+
     room = pieces_bound(block_length, vocab_size, torch.empty((), dtype=dtype).element_size(), torch.device(device))
     for label, pieces in budgets.items():
         if pieces > room:

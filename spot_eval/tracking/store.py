@@ -13,9 +13,10 @@ import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from mlflow import MlflowClient
-from mlflow.exceptions import MlflowException
+if TYPE_CHECKING:  # mlflow (seconds to import) loads at the first call: a bad URI is refused before it
+    from mlflow import MlflowClient
 
 # The environment MLflow reads at every request, set around our calls only. Its retry defaults (7 retries,
 # backoff factor 2, 120 s timeout) would stall an evaluation for minutes on a dead server; one quick retry
@@ -103,6 +104,8 @@ EXPERIMENT_KIND, MODEL_DEVELOPMENT = "mlflow.experimentKind", "custom_model_deve
 
 def experiment_id(client: MlflowClient, name: str) -> str:
     """The experiment's id, created if missing, and marked as model development unless it has a kind already."""
+    from mlflow.exceptions import MlflowException
+
     experiment = client.get_experiment_by_name(name)
     if experiment is None:
         try:

@@ -323,7 +323,8 @@ class _Session:
 
     def connect(self, experiment: str) -> None:
         try:
-            if reason := unreachable(self.uri):
+            # A server found out at the start (announce_unreachable) is not probed again: the run spools, as said.
+            if reason := _ANNOUNCED.get(self.uri) or unreachable(self.uri):
                 raise TrackingUnavailable(reason)
             with client_env(), first_use(self.uri):
                 client = MlflowClient(self.uri)
@@ -513,8 +514,9 @@ class MlflowTracker(_EndsOnExit):
         self._session.spool.append({"op": op, "run": self._key, **record})
 
 
-# Tracking URIs whose outage was said before the run started: the spool then takes over without a second warning.
-_ANNOUNCED: set[str] = set()
+# Tracking URIs whose outage was said before the run started, and why: the spool then takes over without a second
+# probe or warning.
+_ANNOUNCED: dict[str, str] = {}
 
 
 def announce_unreachable(config: TrackingConfig) -> None:
@@ -523,8 +525,9 @@ def announce_unreachable(config: TrackingConfig) -> None:
     uri = resolve_uri(config.tracking_uri)
     reason = unreachable(uri)
     if reason is None:
+        _ANNOUNCED.pop(uri, None)  # back since an earlier evaluation in this process said otherwise
         return
-    _ANNOUNCED.add(uri)
+    _ANNOUNCED[uri] = reason
     spool = Path(config.spool_dir).absolute()
     warnings.warn(f"no MLflow server answers at {uri} ({reason}): this run is kept in the spool {spool} instead; once "
                   f"the server is back, log it with: spot-eval sync --spool {spool}", RuntimeWarning, stacklevel=2)
