@@ -43,7 +43,7 @@ from spot_eval.checkpoints.shipped import EMBEDDED_TARGET
 from spot_eval.checkpoints.target import encode_prompt, load_target
 from spot_eval.harness.lossless import diverge
 from spot_eval.harness.methods import build_drafter, parse_methods
-from spot_eval.harness.settings import DTYPES
+from spot_eval.harness.settings import DTYPES, resolve_dtype
 
 
 def main() -> None:
@@ -64,7 +64,7 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     sizes = [int(s) for s in args.sizes.split("+")]
-    target = load_target(args.target, None, args.device, args.exact, DTYPES[args.dtype])
+    target = load_target(args.target, None, args.device, args.exact, resolve_dtype("--dtype", args.dtype, args.device))
     prompts = [encode_prompt(target, p, chat=True) for p in prompts_for(args.task, args.prompts)]
     config = DecodeConfig(block_length=target.block_length, gen_length=args.gen)
     references = generate_batch(target, [Request(p, config, number=i) for i, p in enumerate(prompts)], 1, record=True,

@@ -24,8 +24,8 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from spot import DecodeConfig, generate
+from spot.config import CACHES
 from spot.targets import BlockCausalTarget, DualCacheTarget
-from spot.targets.dual_cache import CACHES
 from spot.targets.llada import LLaDAForCausalLM, llada_config
 from spot_eval.checkpoints.shipped import EMBEDDED_TARGET
 from spot_eval.checkpoints.target import encode_prompt

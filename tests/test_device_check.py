@@ -23,7 +23,8 @@ def test_the_dry_run_reports_every_figure_as_one_json_line(tmp_path):
            "XDG_CACHE_HOME": str(own_cache_home(tmp_path))}
     run = subprocess.run(["bash", str(REPO / "bench" / "device_check.sh"), "--dry-run"], capture_output=True, text=True,
                          env=env, cwd=REPO, timeout=600)
-    assert run.returncode == 0, run.stderr[-3000:]
+    failed = [line for line in run.stdout.splitlines() if '"failed"' in line]  # which step and its error, kept short
+    assert run.returncode == 0, "\n".join(failed) + "\n" + run.stderr[-3000:]
     figures = [json.loads(line) for line in run.stdout.splitlines()]
     cost = {(f["model"], f["layout"], f["pieces"]) for f in figures if f["bench"] == "verify_cost"}
     assert cost == {(m, layout, p) for m in ("embedded", "sdar-8b", "llada2-mini") for layout in ("default", "exact") for p in (1, 2, 3)}
