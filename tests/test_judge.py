@@ -169,23 +169,50 @@ def test_the_protocol_in_one_process():
         "def f():\n    raise UnicodeDecodeError('utf-8', b'', 0, 1, 'x')\n", "f()")["message"]
 
 
+def judged_replies(tests: str, *replies: bytes) -> dict:
+    """The verdict on `tests` where the program's side is ready, its name `f` is a function, and calling it gets
+    `replies`, in turn, whatever the tests sent."""
+    call_r, call_w = os.pipe()
+    reply_r, reply_w = os.pipe()
+    wire.send(reply_w, wire.encode(("ready",)))
+    wire.send(reply_w, wire.encode(("value", object()), reference=lambda obj: 0))  # the name f: a function
+    for reply in replies:
+        wire.send(reply_w, reply)
+    os.close(reply_w)
+    spec = {"tests": tests, "prelude": "", "names": ["f"], "filename": "<tests>"}
+    try:
+        return judge.judge(spec, judge.Channel(call_w, reply_r))
+    finally:
+        for fd in (call_r, call_w, reply_r):
+            os.close(fd)
+
+
 @pytest.mark.parametrize("reply", [b"\x00garbage", wire.encode(True), wire.encode(("nonsense",)), wire.encode(("raised", 1))],
                          ids=["bytes", "not a reply", "unknown reply", "malformed raise"])
 def test_a_malformed_reply_fails_the_tests_even_where_they_catch_everything(reply):
     """What the program's side sends is decoded strictly: garbage or a reply of no known form ends the judging,
     and the verdict fails even though the test swallows every exception."""
-    call_r, call_w = os.pipe()
-    reply_r, reply_w = os.pipe()
-    wire.send(reply_w, wire.encode(("ready",)))
-    wire.send(reply_w, wire.encode(("value", object()), reference=lambda obj: 0))  # the name f: a function
-    wire.send(reply_w, reply)  # what calling it returns
-    os.close(reply_w)
-    spec = {"tests": "try:\n    f()\nexcept BaseException:\n    pass", "prelude": "", "names": ["f"], "filename": "<tests>"}
-    verdict = judge.judge(spec, judge.Channel(call_w, reply_r))
+    verdict = judged_replies("try:\n    f()\nexcept BaseException:\n    pass", reply)
     assert (verdict["status"], verdict["left"]) == ("failed", True)
     assert verdict["message"].startswith("[spot-eval judge: failed: the program's side sent")
-    for fd in (call_r, call_w, reply_r):
-        os.close(fd)
+
+
+def test_what_the_program_sends_in_all_is_bounded(monkeypatch):
+    """Beyond one message (wire.py's limits): the classes the verdict names, the program's objects the tests
+    hold, and the bytes of all its messages together."""
+    classes = [type(f"C{i:02}", (int,), {})(i) for i in range(20)]
+    named = judged_replies("f()", wire.encode(("value", (classes, None, None))))
+    assert named["status"] == "passed"
+    assert named["crossings"] == [f"reduced C{i:02}" for i in range(judge.REDUCED_NAMES)] + [
+        "reduced (12 more values, of other classes)"]
+    monkeypatch.setattr(judge, "MAX_HANDLES", 4)
+    objects = [object() for _ in range(5)]
+    many = wire.encode(("value", (objects, None, None)), reference=lambda obj: 1 + [id(o) for o in objects].index(id(obj)))
+    verdict = judged_replies("try:\n    f()\nexcept BaseException:\n    pass", many)
+    assert (verdict["status"], verdict["message"]) == ("failed", "[spot-eval judge: failed: the program's side sent more than 4 objects]")
+    monkeypatch.setattr(judge, "CANDIDATE_BYTES", 1000)
+    verdict = judged_replies("for _ in range(3):\n    f()", *[wire.encode(("value", ("x" * 400, None, None)))] * 3)
+    assert verdict["message"] == "[spot-eval judge: failed: the program's side sent more than 1000 bytes in all]"
 
 
 def test_a_program_that_raised_before_its_tests_fails_with_what_it_raised():

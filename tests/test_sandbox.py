@@ -3,8 +3,11 @@ the boundary between the judge and the program (wire.py's format, judge.py's han
 
 from __future__ import annotations
 
+import json
 import re
 import struct
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -299,3 +302,52 @@ def test_the_new_root_keeps_the_links_on_the_way_to_the_read_set(tmp_path: Path)
             if Path(current).is_symlink():
                 assert (tmp_path / current.lstrip("/")).readlink() == Path(current).readlink()
                 current = str(Path(current).resolve())
+
+
+HARNESS_GROWTH_MIB = 32  # docs/sandbox.md, "Memory": the bound on the harness's peak RSS growth for eight hostile candidates
+
+
+@pytest.mark.slow
+def test_hostile_encoders_fail_small_and_printable_and_eight_of_them_keep_the_harness_small() -> None:
+    """Issue 66: programs that replace the encoder on their side (bench/sandbox_memory.py says how) send class
+    names of 1 MiB, messages of a few bytes an item that decode into gigabytes, and NUL, ESC, lone surrogates and
+    U+202E in an exception, a class name and stderr. Each fails on the trusted side's own limits, its outcome is
+    small and printable, and a batch of eight, in a harness of its own, grows its peak RSS by little."""
+    bench = subprocess.run([sys.executable, str(PROJECT / "bench" / "sandbox_memory.py"), "--candidates", "8"],
+                           capture_output=True, text=True, timeout=120)
+    assert bench.returncode == 0, bench.stderr[-2000:]
+    result = json.loads(bench.stdout)
+    assert result["statuses"] == ["failed"] * 8, result["reasons"]
+    reasons = dict(zip(result["candidates"], result["reasons"], strict=True))
+    assert "sent a malformed message (a class name of 1048580 bytes (at most 400))" in reasons["names"]
+    assert "sent a malformed message (a value that would take more than 128 MiB once decoded)" in reasons["amplification"]
+    assert reasons["control"].startswith("[spot-eval judge: a test failed]\nProgramError: \\x1b[2J\\u202egnp.exe\\x07: \\udc80")
+    assert ["reduced \\x1b[2J\\u202egnp.exe\\x07"] in result["crossings"]
+    assert result["all_printable"]
+    # 2000 characters of stderr and 2000 of reason at most, a few crossings; repr doubles each backslash.
+    assert result["largest_outcome_repr_chars"] < 16_000
+    assert result["harness_peak_rss_mib"]["growth"] < HARNESS_GROWTH_MIB
+
+
+def test_the_judge_keeps_its_own_memory_limit_and_a_judge_without_a_verdict_fails(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The judge sets its own address-space limit (sandbox.JUDGE_MEMORY_BYTES); past it the candidate fails. A
+    judge that dies without a verdict fails its candidate, with the judge's last words made printable."""
+    big = ("def f():\n    return ['x' * (8 << 20)] * 5\n", "assert sum(map(len, f())) == 40 << 20")
+    assert run(big[0], FAST, tests=big[1]).passed
+    monkeypatch.setattr(sandbox, "JUDGE_MEMORY_BYTES", 48 << 20)  # too little to receive the 40 MiB the program returns
+    outcome = run(big[0], FAST, tests=big[1])
+    assert outcome.status == "failed" and outcome.reason.startswith("[spot-eval judge: a test failed]\nMemoryError")
+    broken = tmp_path / "broken_judge.py"
+    broken.write_text("raise OSError('\\x1b]0;owned\\x07 the judge broke')\n")
+    monkeypatch.setattr(sandbox, "_JUDGE", broken)
+    outcome = run("pass", FAST)  # one candidate fails, and the evaluation goes on
+    assert (outcome.status, outcome.reason) == (
+        "failed", "[spot-eval judge: no verdict (the judge's exit status 1): OSError: \\x1b]0;owned\\x07 the judge broke]")
+    sandbox.confinement.cache_clear()
+    try:  # a judge that never gives a verdict is refused up front, as a child that cannot confine itself is
+        with pytest.raises(SandboxError, match="cannot be confined on this machine.*the judge broke"):
+            sandbox.confinement()
+    finally:
+        sandbox.confinement.cache_clear()

@@ -94,7 +94,7 @@ def _length(n: int) -> bytes:
         (b"", "past the end"),
         (b"Q", "unknown tag"),
         (wire.STR + _length(10) + b"abc", "past the end"),
-        (wire.LIST + _length(2**31) + wire.NONE, "longer than its message"),
+        (wire.LIST + _length(1000) + wire.NONE, "longer than its message"),
         (wire.NONE + wire.NONE, "1 bytes after the value"),
         (wire.STR + _length(1) + b"\xff", "not UTF-8"),
         (wire.DICT + _length(1) + wire.LIST + _length(0) + wire.NONE, "cannot be one"),  # a list as a dict key
@@ -107,6 +107,44 @@ def _length(n: int) -> bytes:
 def test_the_decoder_refuses_malformed_messages(data, error):
     with pytest.raises(WireError, match=error):
         decode(data)
+
+
+@pytest.mark.parametrize(
+    ("data", "error"),
+    [
+        (wire.REDUCED + _length(101) + b"N" * 101 + wire.NONE, "a class name of 101 characters"),
+        (wire.REDUCED + _length(1 << 20) + b"N" * (1 << 20) + wire.NONE, "a class name of 1048576 bytes"),
+        (wire.STR + _length(wire.MAX_STRING + 1), "a string of 16777217 bytes"),  # refused before it is read
+        (wire.BYTES + _length(wire.MAX_STRING + 1), "a bytes value of 16777217 bytes"),
+        (wire.INT + _length(wire.MAX_STRING + 1), "an int of 16777217 bytes"),
+        (wire.LIST + _length(wire.MAX_ITEMS + 1) + wire.NONE * (wire.MAX_ITEMS + 1), "a container of 1048577 items"),
+    ],
+    ids=["name", "long name", "string", "bytes", "int", "items"],
+)
+def test_the_decoder_holds_its_limits_whatever_the_encoder(data, error):
+    """The program can replace the encoder on its side (tests/test_sandbox.py does, through the sandbox); the
+    limits hold where the judge decodes."""
+    with pytest.raises(WireError, match=error):
+        decode(data)
+
+
+def test_the_decoded_size_is_bounded_not_the_encoded_one(monkeypatch):
+    """Empty sets: 5 bytes each on the wire, some 224 bytes each decoded. The budget is MAX_DECODED (128 MiB),
+    made 4 MiB here so that the test decodes little."""
+    monkeypatch.setattr(wire, "MAX_DECODED", 4 << 20)
+    empty_sets = (wire.SET + _length(0)) * 20_000
+    with pytest.raises(WireError, match="more than 4 MiB once decoded"):
+        decode(wire.LIST + _length(20_000) + empty_sets)  # 100 kB: 4.4 MB decoded
+    nested = wire.LIST + _length(4) + (wire.LIST + _length(5000) + empty_sets[:25_000]) * 4
+    with pytest.raises(WireError, match="more than 4 MiB once decoded"):  # counted across containers
+        decode(nested)
+    assert len(decode(wire.LIST + _length(15_000) + empty_sets[:75_000])) == 15_000  # 3.4 MB
+
+
+def test_a_class_name_at_the_limit_decodes():
+    name = "\U0001f600" * wire.MAX_NAME  # 100 characters of 4 bytes each
+    heard = []
+    assert decode(wire.REDUCED + wire._str_bytes(name) + wire.NONE, reduced=heard.append) is None and heard == [name]
 
 
 def test_messages_cross_a_pipe_whole_and_the_end_is_told_apart_from_a_cut():

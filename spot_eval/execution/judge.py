@@ -28,8 +28,12 @@ Values that cannot cross as plain data, and what the judge does (the `crossings`
     weaker guarantee (`Outcome.weaker`; per task, `weaker_guarantee` in the task's YAML, and docs/sandbox.md).
 Comparing a handle, or asking its truth or length, fails the test: that would let the object decide.
 
-Run as `python -I -S -B judge.py CALL_FD REPLY_FD` with the spec (JSON) on stdin; prints the verdict (JSON).
-Imports only the standard library (and wire.py beside it).
+What the program sends is bounded here, whatever encoder it used: each message by wire.decode's limits, all its
+messages together by CANDIDATE_BYTES, its objects by MAX_HANDLES, the class names the verdict lists by
+REDUCED_NAMES, and the judge itself by its own CPU and address-space limits, which it sets first.
+
+Run as `python -I -S -B judge.py CALL_FD REPLY_FD CPU_SECONDS MEMORY_BYTES` with the spec (JSON) on stdin; prints
+the verdict (JSON). Imports only the standard library (and wire.py beside it).
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ import builtins
 import importlib
 import json
 import os
+import resource
 import sys
 import traceback
 
@@ -48,6 +53,9 @@ else:
     from spot_eval.execution import wire
 
 MESSAGE_CHARS = 1000  # of an exception message the program sends
+CANDIDATE_BYTES = 256 << 20  # all the messages of one program together (one is at most wire.MAX_MESSAGE)
+MAX_HANDLES = 1 << 16  # the program's objects the tests may hold (MBPP 367's trees need a few)
+REDUCED_NAMES = 8  # classes the verdict names among its crossings; values of any other class are only counted
 
 # The built-in exceptions the tests see when the program raises one (by name; anything else is ProgramError).
 _EXCEPTIONS = {name: obj for name, obj in vars(builtins).items()
@@ -118,12 +126,34 @@ class Channel:
         self.call_fd, self.reply_fd = call_fd, reply_fd
         self.handles: dict[int, Handle] = {}
         self.crossings: set[str] = set()
+        self.names = 0  # classes named among the crossings
+        self.unnamed = 0  # reduced values of the classes past the first REDUCED_NAMES
+        self.received = 0  # bytes of all the program's messages
         self.left: str | None = None  # why the program's side is gone, once it is
 
     def handle(self, number: int) -> Handle:
         if number not in self.handles:
+            if len(self.handles) >= MAX_HANDLES:
+                self.leave(f"the program's side sent more than {MAX_HANDLES} objects")
             self.handles[number] = Handle(self, number, False)
         return self.handles[number]
+
+    def reduced(self, name: str) -> None:
+        """A value the program reduced from an object of a subclass: its class is named among the crossings, up to
+        REDUCED_NAMES classes (so that the verdict stays small whatever the program sends), and counted past them."""
+        kind = f"reduced {name}"
+        if kind in self.crossings:
+            return
+        if self.names < REDUCED_NAMES:
+            self.crossings.add(kind)
+            self.names += 1
+        else:
+            self.unnamed += 1
+
+    def summary(self) -> list[str]:
+        """The crossings, as the verdict lists them: each kind once, at most REDUCED_NAMES classes by name."""
+        more = [f"reduced ({self.unnamed} more values, of other classes)"] if self.unnamed else []
+        return sorted(self.crossings) + more
 
     def _number(self, value: object) -> int:
         """A handle inside a value the tests send (an argument, an attribute's new value), as its number."""
@@ -139,7 +169,10 @@ class Channel:
             data = wire.receive(self.reply_fd)
             if data is None:
                 self.leave("the program's process ended before the tests did (it exited, or was killed)")
-            message = wire.decode(data, self.handle, lambda name: self.crossings.add(f"reduced {name}"))
+            self.received += len(data)
+            if self.received > CANDIDATE_BYTES:
+                self.leave(f"the program's side sent more than {CANDIDATE_BYTES} bytes in all")
+            message = wire.decode(data, self.handle, self.reduced)
         except wire.WireError as err:
             self.leave(f"the program's side sent a malformed message ({err})")
         if type(message) is not tuple or not message or type(message[0]) is not str:
@@ -260,7 +293,7 @@ def judge(spec: dict, channel: Channel) -> dict:
         status, message = "passed", ""
     except BaseException as err:  # noqa: BLE001 - every way of not reaching the end is a failure
         status, message = "failed", _describe(err)
-    return {"status": status, "message": message, "crossings": sorted(channel.crossings), "left": channel.left is not None}
+    return {"status": status, "message": message, "crossings": channel.summary(), "left": channel.left is not None}
 
 
 def _bind(channel: Channel, name: str) -> dict:
@@ -289,7 +322,10 @@ def _describe(err: BaseException) -> str:
 
 
 def main(argv: list[str]) -> None:
-    call_fd, reply_fd = int(argv[1]), int(argv[2])
+    call_fd, reply_fd, cpu_s, memory_bytes = (int(arg) for arg in argv[1:5])
+    # Its own limits, before it reads anything: what the program sends is decoded here (sandbox.py says why these).
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s + 1))
+    resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
     spec = json.loads(sys.stdin.read())
     verdict_fd = os.dup(1)
     with open(os.devnull, "w") as sys.stdout:  # what the tests print is not the verdict

@@ -8,7 +8,11 @@ runs the problem's tests and computes the verdict. They talk over two pipes, in 
 test frame or a forged message on its pipe can make its functions return something, never make the tests pass.
 
 `run` / `run_many` are this side; `confinement()` says which layers the kernel granted (run.json and MLflow's
-`sandbox/*`); seccomp is the one that is required. What is not guaranteed: tests whose inputs are objects of the
+`sandbox/*`); seccomp is the one that is required. Each Outcome is small and printable whatever the program sent:
+its stderr, the judge's reason and the crossings are cut to fixed lengths here, and every character that is not
+printable (NUL, ESC, lone surrogates, right-to-left overrides) is escaped (`_shown`), so what reaches logs and reports
+is inert text; the judge, which decodes what the program sends, bounds it there (judge.py, wire.py) and runs
+under limits of its own (JUDGE_MEMORY_BYTES). What is not guaranteed: tests whose inputs are objects of the
 program's own classes (MBPP 367; `weaker_guarantee` in tasks/spot_mbpp.yaml) get those objects as the program
 builds them; and against a kernel exploit, only a container or a VM around the harness helps.
 """
@@ -38,6 +42,9 @@ if TYPE_CHECKING:
 Status = Literal["passed", "failed", "timeout", "error"]
 
 STDERR_TAIL = 2000  # characters of the program's stderr kept in an Outcome
+REASON_CHARS = 2000  # characters of the judge's reason kept in an Outcome
+CROSSING_CHARS = 120  # characters of each crossing kept ("reduced " and a class name of at most wire.MAX_NAME)
+VERDICT_BYTES = 64 << 10  # of the judge's verdict (JSON) read; a longer one is no verdict (the judge's is ~10 kB at most)
 _LAUNCHER = Path(__file__).resolve().with_name("launcher.py")
 _JUDGE = Path(__file__).resolve().with_name("judge.py")
 _ENV_PATH = "/usr/local/bin:/usr/bin:/bin"
@@ -53,6 +60,13 @@ class Limits:
     memory_bytes: int = 1 << 30  # RLIMIT_AS: the address space, so an allocation past it is a MemoryError
     file_bytes: int = 1 << 20  # RLIMIT_FSIZE: the largest file the program may write, its stderr included
     disk_bytes: int = 64 << 20  # all the files the program writes together (its working directory is a tmpfs)
+
+
+# The judge's own address space (RLIMIT_AS, which it sets on itself; its CPU seconds are the program's). It holds
+# no model-written code, but it decodes what the program sends: a message (wire.MAX_MESSAGE, twice while it is
+# read), its decoded value (wire.MAX_DECODED) and the tests' own work fit, with room to spare; past it the judge
+# fails the candidate (MemoryError) or dies without a verdict, which fails it too.
+JUDGE_MEMORY_BYTES = 1 << 30
 
 
 @dataclass(frozen=True)
@@ -153,6 +167,8 @@ def _run(program: str, limits: Limits, tests: Tests) -> tuple[Outcome, Confineme
     with (
         tempfile.TemporaryDirectory(prefix="spot-sandbox-", ignore_cleanup_errors=True) as workdir,
         tempfile.TemporaryFile() as stderr,
+        tempfile.TemporaryFile() as verdict_file,  # files, not pipes: this side reads a bounded part of each
+        tempfile.TemporaryFile() as judge_stderr,
     ):
         script = Path(workdir) / "program.py"
         script.write_text(program, encoding="utf-8")
@@ -162,34 +178,37 @@ def _run(program: str, limits: Limits, tests: Tests) -> tuple[Outcome, Confineme
         reply_r, reply_w = os.pipe()
         try:
             child = _spawn(command(script, limits, (report_w, call_r, reply_w)), workdir, stderr, (report_w, call_r, reply_w))
-            judge = _spawn([*_PYTHON, str(_JUDGE), str(call_w), str(reply_r)], workdir,
-                           subprocess.PIPE, (call_w, reply_r), stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+            judge_limits = (str(math.ceil(limits.timeout_s)), str(JUDGE_MEMORY_BYTES))
+            judge = _spawn([*_PYTHON, str(_JUDGE), str(call_w), str(reply_r), *judge_limits], workdir,
+                           judge_stderr, (call_w, reply_r), stdin=subprocess.PIPE, stdout=verdict_file)
         finally:
             for fd in (report_w, call_r, reply_w, call_w, reply_r):
                 os.close(fd)
         with os.fdopen(report_r, "rb") as report:
             try:
-                verdict_json, judge_stderr = judge.communicate(spec, timeout=limits.timeout_s)
+                judge.communicate(spec, timeout=limits.timeout_s)
                 timed_out = False
             except subprocess.TimeoutExpired:
                 timed_out = True
                 _kill_group(judge.pid)
-                verdict_json, judge_stderr = judge.communicate()
+                judge.wait()
             # Also after a verdict: the program's process, and anything it left behind in its group, dies now.
             _kill_group(child.pid)
             returncode = child.wait()
             granted = _granted(report.read())
         tail = _tail(stderr)
+        verdict = _verdict(verdict_file)
+        judge_said = (_tail(judge_stderr).strip().splitlines() or [""])[-1]
     if timed_out:
         return Outcome("timeout", tail), granted
+    if verdict is None:  # the judge died: at its own limits (what the program sent), or of a fault of its own
+        status: Status = "timeout" if judge.returncode == -signal.SIGXCPU else "failed"
+        why = f"[spot-eval judge: no verdict (the judge's exit status {judge.returncode}): {judge_said}]"
+        return Outcome(status, tail, _shown(why, REASON_CHARS)), granted
     if granted is None:
         return Outcome("error", f"the sandbox could not confine the program: {tail}"), None
-    try:
-        verdict = json.loads(verdict_json)
-    except ValueError:
-        raise SandboxError(f"the judge failed: {judge_stderr.decode(errors='replace')[-1000:]}") from None
-    outcome = Outcome(_status(verdict, returncode), tail, verdict["message"], tuple(verdict["crossings"]))
-    return outcome, granted
+    crossings = tuple(_shown(kind, CROSSING_CHARS) for kind in verdict["crossings"])
+    return Outcome(_status(verdict, returncode), tail, _shown(verdict["message"], REASON_CHARS), crossings), granted
 
 
 def _status(verdict: dict, returncode: int) -> Status:
@@ -202,6 +221,18 @@ def _status(verdict: dict, returncode: int) -> Status:
     if verdict["left"] and returncode < 0 and returncode != -signal.SIGKILL:
         return "error"
     return "failed"
+
+
+def _verdict(stream: BinaryIO) -> dict | None:
+    """The judge's verdict; None where it wrote none, or one too long to be its own (VERDICT_BYTES)."""
+    stream.seek(0)
+    data = stream.read(VERDICT_BYTES + 1)
+    if len(data) > VERDICT_BYTES:
+        return None
+    try:
+        return json.loads(data)
+    except ValueError:
+        return None
 
 
 def _granted(report: bytes) -> Confinement | None:
@@ -225,4 +256,15 @@ def _kill_group(pgid: int) -> None:
 def _tail(stream: BinaryIO) -> str:
     size = stream.seek(0, os.SEEK_END)
     stream.seek(max(0, size - 4 * STDERR_TAIL))  # utf-8 is at most 4 bytes a character
-    return stream.read().decode("utf-8", errors="replace")[-STDERR_TAIL:]
+    return _shown(stream.read().decode("utf-8", errors="replace"), STDERR_TAIL, tail=True)
+
+
+def _shown(text: str, chars: int, tail: bool = False) -> str:
+    """`text` as an Outcome keeps it: its first `chars` characters (its last, where `tail`), with each character
+    that is not printable but a newline (NUL, ESC and the other controls, lone surrogates, U+202E and the other
+    bidirectional overrides) written as its escape (\\x1b, \\udc80, \\u202e), so that what the program wrote
+    cannot drive a terminal or reorder a log line. Cut again once escaped: never more than `chars` characters."""
+    def cut(s: str) -> str:
+        return s[-chars:] if tail else s[:chars]
+
+    return cut("".join(c if c.isprintable() or c == "\n" else c.encode("unicode_escape").decode("ascii") for c in cut(text)))

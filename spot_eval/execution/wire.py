@@ -9,6 +9,10 @@ object of its class, a generator) crosses as a reference, a number that only the
 subclass cannot come out of it, whatever went in); refuses an unknown tag, a length past the end, bytes left over,
 a dict key or set member that is not hashable, nesting deeper than MAX_DEPTH; and never evaluates, imports or
 unpickles anything. A reference comes out as whatever `reference` makes of its number (the judge's `Handle`).
+It also holds every limit itself, whatever encoder wrote the bytes: a class name of at most MAX_NAME characters, a
+str, bytes or int of at most MAX_STRING bytes, a container of at most MAX_ITEMS items, and a value that takes at
+most MAX_DECODED bytes of memory once decoded, so that a message of a few bytes an item (empty lists, repeated
+references) cannot grow into gigabytes on the trusted side.
 
 `encode` runs on both sides. On the program's side it is the program's to subvert, which changes nothing: it can
 only choose what bytes it sends, which is what its functions return anyway. It dispatches on `type(x) is ...`
@@ -23,10 +27,16 @@ from __future__ import annotations
 
 import os
 import struct
+import sys
 from collections.abc import Callable
 
 MAX_DEPTH = 100  # nesting of containers in one value
 MAX_MESSAGE = 64 << 20  # bytes in one message; a longer one is refused (a result of MBPP or HumanEval is tiny)
+# Limits the decoder holds, since the encoder on the program's side is the program's to replace.
+MAX_NAME = 100  # characters in the class name of a reduced value (the encoder cuts it there)
+MAX_STRING = 16 << 20  # bytes of one str, bytes or int
+MAX_ITEMS = 1 << 20  # items in one container
+MAX_DECODED = 128 << 20  # bytes one decoded value takes in memory: each object's sys.getsizeof and a pointer to it
 
 # One byte per tag.
 NONE, TRUE, FALSE, INT, FLOAT, COMPLEX, STR, BYTES = b"N", b"T", b"F", b"I", b"D", b"C", b"S", b"B"
@@ -85,7 +95,7 @@ def _encode(x: object, out: list[bytes], reference: Callable[[object], int] | No
             out += [REF, _ID.pack(reference(x))]
             return
         name = t.__qualname__ if type(t.__qualname__) is str else "?"
-        out += [REDUCED, _str_bytes(name[:100])]
+        out += [REDUCED, _str_bytes(name[:MAX_NAME])]
         _encode(_reduce(x, base), out, reference, depth + 1)
 
 
@@ -158,6 +168,7 @@ def decode(data: bytes, reference: Callable[[int], object] = lambda number: numb
 class _Reader:
     def __init__(self, data: bytes, reference: Callable[[int], object], reduced: Callable[[str], None]):
         self.data, self.at, self.reference, self.reduced = data, 0, reference, reduced
+        self.left = MAX_DECODED  # bytes of memory the decoded value may still take
 
     def take(self, n: int) -> bytes:
         if n > len(self.data) - self.at:
@@ -169,20 +180,44 @@ class _Reader:
     def length(self) -> int:
         return _LEN.unpack(self.take(4))[0]
 
-    def text(self) -> str:
+    def sized(self, most: int, what: str) -> bytes:
+        """The next length-prefixed run of bytes, refused past `most` before it is read."""
+        n = self.length()
+        if n > most:
+            raise WireError(f"{what} of {n} bytes (at most {most})")
+        return self.take(n)
+
+    def text(self, most: int = MAX_STRING, what: str = "a string") -> str:
         try:
-            return self.take(self.length()).decode("utf-8", "surrogatepass")
+            return self.sized(most, what).decode("utf-8", "surrogatepass")
         except UnicodeDecodeError as err:
             raise WireError(f"a string that is not UTF-8: {err}") from None
+
+    def name(self) -> str:
+        name = self.text(4 * MAX_NAME, "a class name")  # utf-8 is at most 4 bytes a character
+        if len(name) > MAX_NAME:
+            raise WireError(f"a class name of {len(name)} characters (at most {MAX_NAME})")
+        return name
 
     def value(self, depth: int) -> object:
         if depth > MAX_DEPTH:
             raise WireError(f"a value nested deeper than {MAX_DEPTH} levels")
         tag = self.take(1)
+        if tag == REDUCED:
+            self.reduced(self.name())
+            return self.value(depth + 1)
+        value = self.container(tag, depth + 1) if tag in _CONTAINERS else self.atom(tag)
+        # Each item as it is decoded, then the container once built (a shared object such as None is counted too).
+        self.left -= _POINTER + sys.getsizeof(value)
+        if self.left < 0:
+            raise WireError(f"a value that would take more than {MAX_DECODED >> 20} MiB once decoded")
+        return value
+
+    def atom(self, tag: bytes) -> object:
         if tag in _ATOMS:
             return _ATOMS[tag]
         if tag == INT:
-            return int.from_bytes(self.take(self.length()), "little", signed=True)
+            return int.from_bytes(self.sized(MAX_STRING, "an int"), "little", signed=True)
         if tag == FLOAT:
             return _DOUBLE.unpack(self.take(8))[0]
         if tag == COMPLEX:
@@ -190,18 +225,15 @@ class _Reader:
         if tag == STR:
             return self.text()
         if tag == BYTES:
-            return self.take(self.length())
+            return self.sized(MAX_STRING, "a bytes value")
         if tag == REF:
             return self.reference(_ID.unpack(self.take(8))[0])
-        if tag == REDUCED:
-            self.reduced(self.text())
-            return self.value(depth + 1)
-        if tag in (LIST, TUPLE, SET, FROZENSET, DICT):
-            return self.container(tag, depth + 1)
         raise WireError(f"unknown tag {tag!r}")
 
     def container(self, tag: bytes, depth: int) -> object:
         count = self.length()
+        if count > MAX_ITEMS:
+            raise WireError(f"a container of {count} items (at most {MAX_ITEMS})")
         if count > len(self.data) - self.at:  # every item takes a byte at least
             raise WireError("a container longer than its message")
         try:
@@ -214,6 +246,8 @@ class _Reader:
 
 
 _ATOMS = {NONE: None, TRUE: True, FALSE: False}
+_CONTAINERS = (LIST, TUPLE, SET, FROZENSET, DICT)
+_POINTER = 8  # the slot that holds a decoded value in its container
 
 
 # ---- messages on a pipe ----
