@@ -30,7 +30,6 @@ from speedup import prompts_for
 
 from spot import DecodeConfig, Sampling, generate
 from spot.drafters import OracleDrafter
-from spot.drafters.freedave import FreeDaveDrafter
 from spot_eval.checkpoints.shipped import EMBEDDED_TARGET
 from spot_eval.checkpoints.target import encode_prompt, load_target
 from spot_eval.harness.methods import MethodSpec, build_drafter
@@ -49,9 +48,9 @@ def methods(target, policy: str, budgets: list[int], temperature: float) -> dict
     out = {f"{name}@{SPIFFY_D}": (SPIFFY_D, build_drafter(MethodSpec(name, SPIFFY_D), target, policy)) for name in ("spiffy", "spiffy_v1")}
     for n in budgets:
         out[f"{TRAINED[policy]}@{n}"] = n, build_drafter(MethodSpec(TRAINED[policy], n), target, policy, threshold=0.9)
-        out[f"freedave@{n}"] = n, FreeDaveDrafter()
+        out[f"freedave@{n}"] = n, build_drafter(MethodSpec("freedave", n), target, policy)
         if temperature > 0:
-            out[f"freedave_reused@{n}"] = n, FreeDaveDrafter(name="freedave_reused", reuse_sample=True)
+            out[f"freedave_reused@{n}"] = n, build_drafter(MethodSpec("freedave_reused", n), target, policy)
         out[f"oracle@{n}"] = n, None
     return out
 

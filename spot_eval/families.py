@@ -20,6 +20,12 @@ def _freedave(b: Build) -> Drafter:
     return FreeDaveDrafter()
 
 
+def _freedave_reused(b: Build) -> Drafter:
+    from spot.drafters.freedave import FreeDaveDrafter
+
+    return FreeDaveDrafter(name="freedave_reused", reuse_sample=True)
+
+
 def _ssd(b: Build) -> Drafter:
     from spot.drafters.freedave import FreeDaveDrafter
 
@@ -81,6 +87,8 @@ def _sets(b: Build) -> Drafter:
 FAMILIES = (
     Method("draft_free", None, "draft-free", "#999999"),
     Method("freedave", _freedave, "FreeDave", "#56B4E9", cost="nothing: it drafts from the target's last logits"),
+    Method("freedave_reused", _freedave_reused, "FreeDave (reused sample)", "#56B4E9", hatch="//",
+           cost="nothing: FreeDave's chain under its authors' sampling rule, the last forward's sample at every depth"),
     Method("ssd", _ssd, "SSD", "#56B4E9", hatch="..", cost="nothing: FreeDave's chain under SSD's name"),
     Method("spiffy_v1", _spiffy_v1, "Spiffy v1", "#E69F00", (SPIFFY_GRAPH,), auto=True, hatch="..",
            cost="a calibrated graph (spot-eval spiffy-calibrate)"),

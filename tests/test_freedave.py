@@ -79,8 +79,10 @@ def test_freedave_saves_forwards_losslessly_and_freedaves_own_sample_does_not_su
     config = DecodeConfig(block_length=16, gen_length=48, sampling=Sampling(temperature), seed=2)
     prompt = list(range(1, 20))
     reference = generate(target, prompt, config)
-    coupled = generate(target, prompt, replace(config, budget=8), drafter=FreeDaveDrafter())
-    reused = generate(target, prompt, replace(config, budget=8), drafter=FreeDaveDrafter(reuse_sample=True))
+    coupled = generate(target, prompt, replace(config, budget=7), drafter=FreeDaveDrafter())
+    # The authors' rule by its methods= name, at their Dream and TraDo setting (8 drafts: freedave@7).
+    reused = generate(target, prompt, replace(config, budget=7),
+                      drafter=build_drafter(MethodSpec("freedave_reused", 7), target, "single"))
     assert coupled.token_ids == reference.token_ids == reused.token_ids
     assert coupled.stats.forwards < reference.stats.forwards
     if temperature > 0:  # the reused sample is accepted where the draws happen to agree, and less than the coupled one
@@ -90,9 +92,11 @@ def test_freedave_saves_forwards_losslessly_and_freedaves_own_sample_does_not_su
 
 
 def test_the_method_names_and_their_bad_forms():
-    specs = parse_methods("freedave@4+ssd@8+freedave", "2")
-    assert [s.label for s in specs] == ["freedave@4", "ssd@8", "freedave@2"] and not any(s.lossy for s in specs)
+    specs = parse_methods("freedave@4+ssd@8+freedave+freedave_reused@7", "2")
+    assert [s.label for s in specs] == ["freedave@4", "ssd@8", "freedave@2", "freedave_reused@7"] and not any(s.lossy for s in specs)
     assert build_drafter(specs[1], tiny_target(16), "single").name == "ssd"
+    reused = build_drafter(specs[3], tiny_target(16), "single")
+    assert reused.name == "freedave_reused" and reused.reuse_sample
     for item, message in (("freedave@0", "budget must be >= 1, got 0"), ("freedave@-1", "budget must be >= 1, got -1"),
                           ("freedave:some/path", "freedave reads no file (it drafts from the target's own outputs); "
                                                  "drop ':some/path'"),
@@ -101,3 +105,23 @@ def test_the_method_names_and_their_bad_forms():
         with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
             parse_methods(item, "")
     assert MethodSpec("freedave", 4).method.cost.startswith("nothing")
+
+
+def test_the_papers_settings_suite_loads_and_every_method_in_it_builds_at_its_block_length():
+    """spot_eval/reports/suites/freedave-paper.toml, FreeDave's TraDo setting on the embedded target, is runnable
+    as written: its model_args parse, its block length and eager mode reach the decoder, and its methods need no
+    file that does not ship for that block length."""
+    from lm_eval.utils import simple_parse_args_string
+
+    from spot_eval.harness.methods import drafter_file
+    from spot_eval.harness.model_args import SpotArgs
+    from spot_eval.reports.nightly import DEFAULT_SUITE, load_suite
+
+    suite = load_suite(DEFAULT_SUITE.with_name("freedave-paper.toml"))
+    args = SpotArgs.parse(simple_parse_args_string(suite.model_args))
+    config = args.decode_config(args.block_length)  # as SpotLM passes it where the model_args set one
+    assert (config.block_length, config.cross_block, config.policy) == (4, True, "single")
+    specs = parse_methods(suite.methods, args.budgets)
+    assert [s.label for s in specs] == ["freedave@7", "freedave_reused@7", "oracle@7"]
+    for spec in specs:
+        assert drafter_file(spec, config.block_length, config.policy) is None
