@@ -96,7 +96,7 @@ def _decode(args: argparse.Namespace) -> None:
         print(result["text"])
         print(
             f"\n[{result['method']} budget {result['budget']}] {len(result['token_ids'])} tokens, "
-            f"{result['forwards']} target forwards, {result['steps']} steps, {result['seconds']:.2f} s",
+            f"{result['forwards']} target forwards, {result['commit_steps']} commit steps, {result['seconds']:.2f} s",
             file=sys.stderr,
         )
 

@@ -41,15 +41,18 @@ def test_decode_prints_the_json_contract_and_methods_agree(checkpoint, capsys):
     assert console.returncode == 0, console.stderr
     reference = json.loads(console.stdout)
     in_process = decode(capsys, checkpoint, *sampled)  # what the console script runs, in this process
-    for key in ("text", "token_ids", "forwards", "steps", "accepted_lengths"):
+    for key in ("text", "token_ids", "forwards", "commit_steps", "accepted_lengths"):
         assert in_process[key] == reference[key], key
-    for key in ("text", "token_ids", "forwards", "steps", "seconds", "accepted_lengths"):
+    for key in ("text", "token_ids", "forwards", "commit_steps", "seconds", "accepted_lengths"):
         assert key in reference
     assert reference["method"] == "draft_free" and reference["forwards"] == len(reference["accepted_lengths"])
+    # The steps taken, and beside them the "steps" setting (unset here), which once overwrote them in this JSON.
+    assert reference["commit_steps"] == reference["forwards"] and reference["steps"] is None
+    assert f"{reference['commit_steps']} commit steps" in console.stderr
     oracle = decode(capsys, checkpoint, "--temperature", "1.0", "--seed", "4", "--unmasking", "threshold", "--threshold", "0.5",
                     "--method", "oracle", "--budget", "8")
     assert oracle["token_ids"] == reference["token_ids"] and oracle["text"] == reference["text"]
-    assert oracle["forwards"] < reference["forwards"]
+    assert oracle["forwards"] < reference["forwards"] and oracle["commit_steps"] == reference["commit_steps"]
     exact = decode(capsys, checkpoint, "--temperature", "1.0", "--seed", "4", "--unmasking", "threshold", "--threshold", "0.5",
                    "--method", "oracle", "--budget", "8", "--exact")
     assert exact["exact"] is True and reference["exact"] is False

@@ -104,7 +104,7 @@ def decode_prompt(
         "token_ids": list(result.token_ids),
         "finish_reason": result.finish_reason,
         "forwards": s.forwards,
-        "steps": s.steps,
+        "commit_steps": s.steps,  # the policy steps taken (the config's own "steps" setting is below)
         "seconds": s.seconds,
         "target_seconds": s.target_seconds,
         "drafter_seconds": s.drafter_seconds,
