@@ -20,10 +20,12 @@ SCHEDULED = ("static", "dynamic")  # the policies that follow SDAR's per-step co
 STEPPED = (*SCHEDULED, "timestep")  # the policies that take `steps`
 DREAM_EPS = 1e-3  # the last timestep of Dream's schedule, linspace(1, eps, steps + 1) (its generation_config default)
 # The reference-rule options: away from their defaults, what a drafter trained under the defaults has not seen.
-RULE_FIELDS = ("confidence", "mask_in_softmax", "first_token_commit", "alg_temp", "capped", "confidence_dtype", "eps")
+RULE_FIELDS = ("confidence", "mask_in_softmax", "first_token_commit", "alg_temp", "capped", "confidence_dtype", "eps",
+               "tie_break")
 ACCEPTANCES = ("exact", "max_commit")  # how the walk follows the target down a draft tree (spot.acceptance)
 CONFIDENCES = ("probability", "margin", "entropy", "random")  # what ranks the masked positions (spot.policy.confidence_of)
 CONFIDENCE_DTYPES = ("float64", "model")  # what the confidences are computed and ranked in (spot.policy.propose)
+TIE_BREAKS = ("leftmost", "topk")  # which of exactly tied confidences a step commits first (spot.policy.select)
 CACHES = ("dual", "prefix", "none", "nosuffix")  # a frozen-cache target's decoders (spot.targets.dual_cache)
 SEED_LIMIT = 2**32  # the noise key mixes the seed as one 32-bit word (spot.noise): larger seeds would alias
 
@@ -145,10 +147,16 @@ class DecodeConfig:
     confidence_dtype: what the confidences are computed, ranked and compared with the threshold in:
         "float64" (the default: no rounding beyond the logits', so two positions tie only where their logits
         make them equal) or "model", the model's own dtype, as LLaDA's generate.py, Dream's sample_tokens and
-        SDAR's generator compute them: in bf16 many confidences then tie exactly (ties go to the leftmost
-        position; the references' torch.topk leaves their order unspecified) and the threshold is met as the
-        dtype rounds it (0.9 as 0.8984375 in bf16). Lossless either way (verification applies the same rule).
+        SDAR's generator compute them: in bf16 many confidences then tie exactly (`tie_break` says which goes
+        first) and the threshold is met as the dtype rounds it (0.9 as 0.8984375 in bf16). Lossless either way
+        (verification applies the same rule).
     eps: timestep only, the last timestep of Dream's schedule linspace(1, eps, steps + 1) (Dream's `eps`).
+    tie_break: which of exactly tied confidences a step commits first. "leftmost" (the default, the project's
+        rule: an order that depends on nothing but the block). "topk": the references' own choice, torch.topk
+        with their k on the tensor they rank, the block's confidences padded with -inf to the span of the
+        canvas the reference holds at that step (Target.ranked_span), on the same device; its order among
+        ties depends on that tensor's length and the device's kernel, not on the values alone, so only that
+        call reproduces it. Lossless either way.
     """
 
     policy: str = setting("single", "the draft-free decoder every method reproduces: single | threshold (Fast-dLLM) | "
@@ -183,8 +191,11 @@ class DecodeConfig:
                                   "confidence_threshold; needs steps)")
     confidence_dtype: str = setting("float64", "what the confidences are computed and ranked in: float64 | model (the "
                                                "model's dtype, as LLaDA's generate.py, Dream and SDAR compute them: "
-                                               "exact bf16 ties, to the leftmost position)", choices=CONFIDENCE_DTYPES)
+                                               "exact bf16 ties then happen: tie_break says which goes first)", choices=CONFIDENCE_DTYPES)
     eps: float = setting(DREAM_EPS, "timestep: the last timestep of Dream's schedule linspace(1, eps, steps + 1) (Dream's eps)")
+    tie_break: str = setting("leftmost", "which of exactly tied confidences a step commits first: leftmost | topk (torch.topk "
+                                         "on the tensor the reference generator ranks, as its code calls it, so that bf16 "
+                                         "decodes match it tie for tie)", choices=TIE_BREAKS)
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -204,6 +215,8 @@ class DecodeConfig:
             raise ValueError(f"unknown confidence {self.confidence!r}; choose one of {', '.join(CONFIDENCES)}")
         if self.confidence_dtype not in CONFIDENCE_DTYPES:
             raise ValueError(f"unknown confidence_dtype {self.confidence_dtype!r}; choose one of {', '.join(CONFIDENCE_DTYPES)}")
+        if self.tie_break not in TIE_BREAKS:
+            raise ValueError(f"unknown tie_break {self.tie_break!r}; choose one of {', '.join(TIE_BREAKS)}")
         for name in ("block_length", "gen_length", "seed", "budget"):
             _whole(name, getattr(self, name))
         if not 0.0 < self.threshold <= 1.0:

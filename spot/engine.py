@@ -38,6 +38,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 
 import torch
 
@@ -506,8 +507,9 @@ class _Block:
         state[:prompt_here] = canvas.prompt[start:n_prompt]
         noise = (block_noise(config.seed, run.request, index, target.block_length, target.vocab_size, target.device)
                  if config.noisy else silent)
+        span = partial(target.ranked_span, start, canvas.positions) if config.tie_break == "topk" else None
         rule = StepRule(config, target.mask_id, noise, keep.margins, where=f"request {run.request}, block {index}, ",
-                        model_dtype=target.logits_dtype)
+                        model_dtype=target.logits_dtype, span=span)
         plan = Plan(None, config.budget) if run.sizing is None else run.sizing.plan(start, config.budget)
         following = (torch.full((k,), target.mask_id, dtype=torch.long)
                      if config.cross_block and index + 1 < canvas.blocks else None)

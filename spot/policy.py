@@ -139,10 +139,32 @@ def confidence_of(rule: str, probs: torch.Tensor, tokens: torch.Tensor, gumbel: 
     raise ValueError(f"unknown confidence {rule!r}")
 
 
+@dataclass(frozen=True)
+class Span:
+    """Where a block's K positions lie in the tensor a reference generator ranks a step's positions in: `before`
+    positions before them and `after` after them, all at -inf (the rest of the canvas it holds at that step)."""
+
+    before: int = 0
+    after: int = 0
+
+
+BLOCK = Span()  # the block alone (SDAR's and LLaDA2.0's generators, Fast-dLLM's dual cache after a block's first step)
+
+
 def ranked(masked: torch.Tensor, confidence: torch.Tensor) -> torch.Tensor:
     """The masked positions, most confident first ([M] int64); ties go to the leftmost position."""
     score = confidence.masked_fill(~masked, float("-inf"))
     return torch.sort(score, descending=True, stable=True).indices[: int(masked.sum())]
+
+
+def topk_ranked(masked: torch.Tensor, confidence: torch.Tensor, k: int, span: Span) -> torch.Tensor:
+    """The `k` most confident masked positions ([k] int64) as the references pick them: torch.topk(row, k) on the
+    row they hold, the block's confidences with -inf at committed positions and `span`'s -inf around them, in the
+    confidences' dtype and on their device. Among exact ties torch's order depends on the row's length and the
+    kernel (a partial sort on the CPU), so the row is theirs to the last padding position."""
+    score = confidence.masked_fill(~masked, float("-inf"))
+    row = torch.nn.functional.pad(score, (span.before, span.after), value=float("-inf"))  # [before + K + after]
+    return torch.topk(row, k).indices - span.before
 
 
 def ranked_picks(config: DecodeConfig, step: int, masked_left: int, committed: int) -> int:
@@ -153,12 +175,13 @@ def ranked_picks(config: DecodeConfig, step: int, masked_left: int, committed: i
     return max(config.commit_count(step, masked_left), 1)
 
 
-def select(masked: torch.Tensor, confidence: torch.Tensor, config: DecodeConfig, step: int = 0) -> torch.Tensor:
+def select(masked: torch.Tensor, confidence: torch.Tensor, config: DecodeConfig, step: int = 0, span: Span = BLOCK) -> torch.Tensor:
     """Which masked positions step `step` of a block commits (DecodeConfig.policy says how).
 
     Args:
         masked: [K] bool, True where the state still holds the mask token (at least one).
         confidence: [K] float64, or the model's dtype (DecodeConfig.confidence_dtype), the threshold met in it.
+        span: with tie_break "topk", where the block lies in the row the reference ranks at this step.
     Returns:
         [K] bool, the positions to commit (always >= 1, always a subset of `masked`).
     """
@@ -169,14 +192,22 @@ def select(masked: torch.Tensor, confidence: torch.Tensor, config: DecodeConfig,
     if config.policy == "timestep" and config.confidence == "random":  # Dream's origin: each revealed with p = 1 - s/t
         fraction = config.transfer_fraction(step)
         return masked.clone() if fraction is None else masked & (confidence < float(fraction))
-    chosen, order = torch.zeros_like(masked), ranked(masked, confidence)
-    chosen[order[: config.commit_count(step, len(order))]] = True
+    left = int(masked.sum())
+    count, cap = config.commit_count(step, left), config.cap(step, left)
+    if config.tie_break == "leftmost":
+        order = ranked(masked, confidence)
+    else:  # the references' top-k call: every masked position for the threshold rule, or its cap; else the count
+        reach = (left if cap is None else cap) if config.policy == "threshold" else count
+        order = topk_ranked(masked, confidence, min(reach, left), span)
+    chosen = torch.zeros_like(masked)
+    chosen[order[:count]] = True
     if config.policy == "threshold":
         # In a model dtype `>=` rounds tau to it, as the references compare (0.9 is 0.8984375 in bf16).
         clears = masked & (confidence >= config.threshold)
-        cap = config.cap(step, len(order))
         if cap is not None:  # Fast-dLLM's Dream: only the `cap` most confident may commit; the rest wait
-            clears[order[cap:]] = False
+            allowed = torch.zeros_like(masked)
+            allowed[order[:cap]] = True
+            clears &= allowed
         chosen |= clears
     elif config.policy == "dynamic":
         confident = masked & (confidence > config.threshold)  # strictly, as SDAR writes it
@@ -215,17 +246,18 @@ def decide(
     step: int = 0,
     margins: bool = False,
     model_dtype: torch.dtype | None = None,
+    span: Span = BLOCK,
 ) -> tuple[torch.Tensor, Proposal]:
     """`next_state`, and the proposal it was decided on (with token margins on request).
 
     model_dtype: the dtype the target computes its logits in (Target.logits_dtype), which confidence_dtype
-    "model" computes the confidences in; None: the logits' own."""
+    "model" computes the confidences in; None: the logits' own. span: `select`'s, for tie_break "topk"."""
     dtype = torch.float64 if config.confidence_dtype == "float64" else model_dtype or logits.dtype
     proposal = propose(logits, gumbel, config.sampling, mask_id, margins, config.confidence, config.mask_in_softmax, dtype)
     rank_by = proposal.confidence
     if config.alg_temp > 0:  # Dream's alg_temp: sampling positions from softmax(confidence / alg_temp) is Gumbel-top-k
         rank_by = proposal.confidence.to(torch.float64) / config.alg_temp + gumbel[:, mask_id].to(rank_by.device)
-    chosen = select(state == mask_id, rank_by, config, step)
+    chosen = select(state == mask_id, rank_by, config, step, span)
     return torch.where(chosen, proposal.tokens, state), proposal
 
 

@@ -42,7 +42,7 @@ import torch
 
 from spot.acceptance import Acceptance, exact
 from spot.config import DecodeConfig
-from spot.policy import Proposal, decide
+from spot.policy import BLOCK, Proposal, Span, decide
 
 
 @dataclass(frozen=True)
@@ -53,6 +53,8 @@ class StepRule:
     margins: keep each step's token margins in its proposal (spot.policy.Margins).
     where: names the request and block in an error ("request 3, block 0, ").
     model_dtype: the target's logits dtype (Target.logits_dtype), what confidence_dtype "model" computes in.
+    span: s -> where the block lies in the row the reference ranks at step s (tie_break "topk"; Target.ranked_span);
+        None: the block alone.
     """
 
     config: DecodeConfig
@@ -61,11 +63,13 @@ class StepRule:
     margins: bool = False
     where: str = ""
     model_dtype: torch.dtype | None = None
+    span: Callable[[int], Span] | None = None
 
     def __call__(self, state: torch.Tensor, logits: torch.Tensor, step: int) -> tuple[torch.Tensor, Proposal]:
         """(the own state [K] on the CPU, the proposal it was decided on) from `state` [K] and its `logits` [K, V]."""
         own, proposal = decide(state.to(logits.device), logits, self.noise(step), self.config, self.mask_id, step,
-                               margins=self.margins, model_dtype=self.model_dtype)
+                               margins=self.margins, model_dtype=self.model_dtype,
+                               span=BLOCK if self.span is None else self.span(step))
         own = own.cpu()
         # Every policy commits >= 1 position unless its inputs are broken, but a timestep step may commit none.
         if torch.equal(own, state.cpu()) and self.config.policy != "timestep":

@@ -159,6 +159,13 @@ LM_CASES = [
                                      "not policy 'single'"),
     ({"confidence_dtype": "bf16"}, "unknown confidence_dtype 'bf16'; choose one of float64, model"),
     ({"eps": 0.5}, "eps sets the timestep policy's schedule (Dream's), not policy 'single''s; drop eps"),
+    ({"tie_break": "rightmost"}, "unknown tie_break 'rightmost'; choose one of leftmost, topk"),
+    ({"cfg_scale": 1.5}, "cfg_scale=1.5: LLaDA's classifier-free guidance, which spot-eval does not run (every step would "
+                         "need a second forward with the prompt masked out); drop cfg_scale"),
+    ({"logits_eos_inf": "true"}, "logits_eos_inf=true: LLaDA's ban of the EOS token from every step, which spot-eval does "
+                                 "not run; drop logits_eos_inf (LLaDA's default, false, is what spot-eval decodes)"),
+    ({"confidence_eos_eot_inf": "yes"}, "confidence_eos_eot_inf=yes: LLaDA's exclusion of EOS and EoT from the confidences"),
+    ({"cfg_scale": "none"}, "cfg_scale='none' is not a number"),
     ({"seed": 4294967296}, "seed must be in [0, 2**32), got 4294967296"),
     ({"device": "foo"}, "device='foo' is not a device; use auto, cpu, cuda or cuda:N"),
     ({"device": "cuda:7"}, "device='cuda:7' but "),  # no CUDA here, or fewer than 8 devices
@@ -207,6 +214,13 @@ def test_model_args_are_refused_before_loading_and_before_mlflow(model_args, mes
         lm.SpotLM(**{"device": "cpu", **model_args})
     assert message in str(err.value)
     assert "\n" not in str(err.value)
+
+
+def test_llada_generates_own_options_at_their_defaults_change_nothing():
+    """A line copied from LLaDA's settings (cfg_scale=0, logits_eos_inf=False) runs as without them."""
+    from spot_eval.harness.model_args import SpotArgs
+
+    assert SpotArgs.parse({"cfg_scale": 0.0, "logits_eos_inf": "false", "confidence_eos_eot_inf": False}) == SpotArgs.parse({})
 
 
 def test_a_tracking_server_that_does_not_answer_is_said_in_one_line_before_loading(tmp_path, monkeypatch, no_load):

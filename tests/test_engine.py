@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from spot import DecodeConfig, Sampling, generate
-from spot.config import CONFIDENCE_DTYPES, CONFIDENCES, DREAM_EPS, POLICIES, STEPPED
+from spot.config import CONFIDENCE_DTYPES, CONFIDENCES, DREAM_EPS, POLICIES, STEPPED, TIE_BREAKS
 from spot.drafters import AdversarialDrafter, OracleDrafter, RandomDrafter
 from spot.drafters.freedave import FreeDaveDrafter
 from spot.drafters.order_model import OrderModel
@@ -191,7 +191,8 @@ def test_the_capped_threshold_is_lossless_with_every_drafter_and_budget(steps, d
     cross_block=st.booleans(),
     rule=st.fixed_dictionaries({"confidence": st.sampled_from(CONFIDENCES), "stop_at_eos": st.booleans(),
                                 "mask_in_softmax": st.booleans(), "first_token_commit": st.booleans(),
-                                "confidence_dtype": st.sampled_from(CONFIDENCE_DTYPES)}),
+                                "confidence_dtype": st.sampled_from(CONFIDENCE_DTYPES),
+                                "tie_break": st.sampled_from(TIE_BREAKS)}),
     capped=st.booleans(),
     eps=st.sampled_from([DREAM_EPS, 0.0, 0.3]),
 )

@@ -25,7 +25,7 @@ from spot.drafters import OracleDrafter
 from spot.drafters.sets import SetsDrafter, StaleSets
 from spot.drafters.spiffy import SpiffyDrafter
 from spot.noise import gumbel
-from spot.policy import confidence_of, propose, select
+from spot.policy import Span, confidence_of, propose, select
 from spot.targets import DualCacheTarget
 from spot_eval.harness.lossless import diverge
 
@@ -187,7 +187,8 @@ def test_every_rule_is_lossless_on_the_dual_cache_targets(name, confidence, temp
                           gen_length=32, sampling=Sampling(temperature), seed=2, confidence=confidence,
                           stop_at_eos=confidence in ("probability", "entropy"), mask_in_softmax=confidence == "margin",
                           first_token_commit=confidence in ("entropy", "random"), capped=capped,
-                          confidence_dtype="model" if temperature == 0 else "float64")
+                          confidence_dtype="model" if temperature == 0 else "float64",
+                          tie_break="topk" if confidence in ("probability", "entropy") else "leftmost")
     prompt = list(range(1, 12))
     reference = generate(target, prompt, config, record=True)
     for j, drafter in enumerate(every_drafter(reference, target, config)):
@@ -254,8 +255,14 @@ def full_forward(model, x: torch.Tensor) -> torch.Tensor:
 def top(confidence: torch.Tensor, k: int) -> torch.Tensor:
     """The references' torch.topk(confidence, k).indices, ties to the leftmost position (one amendment): torch
     leaves the order of ties unspecified (on the CPU it is libstdc++'s nth_element's), so a reference can commit
-    either of two positions whose confidences are equal, which in bf16 happens; spot commits the leftmost."""
+    either of two positions whose confidences are equal, which in bf16 happens; spot commits the leftmost
+    (tie_break=leftmost, the default)."""
     return torch.sort(confidence, descending=True, stable=True).indices[:k]
+
+
+def torch_topk(confidence: torch.Tensor, k: int) -> torch.Tensor:
+    """The references' own call, unamended: what tie_break=topk reproduces."""
+    return torch.topk(confidence, k).indices
 
 
 def dream_sample_tokens(logits: torch.Tensor, alg: str, top_k: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -276,7 +283,7 @@ def dream_sample_tokens(logits: torch.Tensor, alg: str, top_k: int | None = None
 
 
 def dream_generate(model, prompt: list[int], gen_length: int, steps: int, alg: str, top_k: int | None = None,
-                   eps: float = 1e-3) -> list[int]:
+                   eps: float = 1e-3, pick=top) -> list[int]:
     """Dream's diffusion_generate at T = 0 (alg maskgit_plus, topk_margin or entropy), written from its rules
     (shared/research/method.md 2.4): the whole canvas each step, logits shifted right by one, `sample_tokens` in
     the model's dtype over the whole vocabulary (mask included), int(n * (1 - s/t)) positions a step on
@@ -297,7 +304,7 @@ def dream_generate(model, prompt: list[int], gen_length: int, steps: int, alg: s
             proposed = x.clone()
             proposed[mask_index] = x0
             if k > 0:
-                chosen = top(full, k)
+                chosen = pick(full, k)
                 x[chosen] = proposed[chosen]
     return x[len(prompt):].tolist()
 
@@ -351,7 +358,7 @@ def test_dreams_eps_is_settable():
         DecodeConfig(policy="timestep", eps=1.0)
 
 
-def llada_generate(model, prompt: list[int], gen_length: int, block_length: int, steps: int) -> list[int]:
+def llada_generate(model, prompt: list[int], gen_length: int, block_length: int, steps: int, pick=top) -> list[int]:
     """LLaDA's generate.py at T = 0 with low_confidence remasking, written from its rules (method.md): blocks
     from the prompt's end, `steps` split evenly over the blocks and each block's masks split over its steps
     (the remainder to the first ones), the whole canvas each step, confidence p(x0) from a softmax over the
@@ -372,7 +379,7 @@ def llada_generate(model, prompt: list[int], gen_length: int, block_length: int,
                 x0 = logits.argmax(dim=-1)
                 confidence = torch.where(mask_index, p.gather(-1, x0[:, None])[:, 0], float("-inf"))
                 confidence[hi:] = float("-inf")
-                chosen = top(confidence, k)
+                chosen = pick(confidence, k)
                 x[chosen] = x0[chosen]
     return x[n:].tolist()
 
@@ -392,7 +399,7 @@ def test_llada_decodes_as_generate_py_on_prompts_of_any_length(confidence_dtype)
 
 
 def fast_dllm_dream(model, prompt: list[int], gen_length: int, block_length: int, steps: int, alg: str,
-                    threshold: float = 0.9) -> list[int]:
+                    threshold: float = 0.9, pick=top) -> list[int]:
     """Fast-dLLM's Dream `_sample` with its prefix cache at T = 0 (dream/model/generation_utils_block.py), written
     from its rules: per block, a full forward whose shifted logits commit the block's first position alone and
     whose keys and values before the block are kept; then forwards of [block | suffix] on that prefix, logits
@@ -439,7 +446,7 @@ def fast_dllm_dream(model, prompt: list[int], gen_length: int, block_length: int
                 proposed = x[start:].clone()
                 proposed[mask_index] = x0
                 if k > 0:
-                    chosen = top(full_confidence, k)
+                    chosen = pick(full_confidence, k)
                     if alg == "confidence_threshold":
                         chosen = chosen[(full_confidence[chosen] >= threshold) | (torch.arange(k) == 0)]
                     x[start + chosen] = proposed[chosen]
@@ -559,14 +566,15 @@ def fast_dllm_capped_steps(table: torch.Tensor, threshold: float, steps: int) ->
 class FastDllmCap:
     """The counters of Fast-dLLM's Dream capped threshold across the steps of `_sample`, with its names."""
 
-    def __init__(self, number_transfer_tokens: int, steps: int) -> None:
+    def __init__(self, number_transfer_tokens: int, steps: int, pick=top) -> None:
         self.number_transfer_tokens, self.left_tokens_last_step, self.steps, self.i = number_transfer_tokens, 0, steps, 0
+        self.pick = pick
 
     def transfer(self, full_confidence: torch.Tensor, threshold: float) -> torch.Tensor:
         """Step i's transfer_index over the canvas (masked positions' confidences; committed ones at -inf)."""
         current_transfer_tokens = self.number_transfer_tokens + self.left_tokens_last_step
         self.left_tokens_last_step = 0
-        select_index = top(full_confidence, current_transfer_tokens)
+        select_index = self.pick(full_confidence, current_transfer_tokens)
         transfer_index = torch.zeros(full_confidence.shape, dtype=torch.bool)
         transfer_index[select_index] = True
         for k in range(1, current_transfer_tokens):
@@ -602,7 +610,7 @@ def test_the_capped_threshold_commits_as_fast_dllms_dream_step_for_step(dtype):
     assert added > 50  # the last step left positions under the threshold often: steps were added
 
 
-def fast_dllm_dream_full_canvas(model, prompt: list[int], gen_length: int, steps: int, threshold: float) -> list[int]:
+def fast_dllm_dream_full_canvas(model, prompt: list[int], gen_length: int, steps: int, threshold: float, pick=top) -> list[int]:
     """Fast-dLLM's Dream `_sample` with alg confidence_threshold at T = 0 (dream/model/generation_utils.py, what its
     eval.py runs without use_cache): the whole canvas each forward, logits shifted right by one, `sample_tokens` in
     the model's dtype (`dream_sample_tokens`), and the capped commit of `fast_dllm_capped_steps` on the masked
@@ -610,7 +618,7 @@ def fast_dllm_dream_full_canvas(model, prompt: list[int], gen_length: int, steps
     x = torch.tensor(prompt + [MASK] * gen_length)
     mask_index = x == MASK
     assert int(mask_index.sum()) % steps == 0  # its own assertion
-    cap = FastDllmCap(int(mask_index.sum()) // steps, steps)
+    cap = FastDllmCap(int(mask_index.sum()) // steps, steps, pick)
     with torch.no_grad():
         while cap.i < cap.steps:
             mask_index = x == MASK
@@ -732,6 +740,83 @@ def test_bf16_ties_decode_as_the_references_do_in_the_models_dtype(name, alg, se
         assert diverge(in_f64, got, config, MASK).flipped == "position"
 
 
+# -- bf16 ties as the references break them: tie_break=topk ----------------------------------------
+
+
+def test_topk_ties_follow_torch_topk_on_the_references_row_not_the_leftmost_position():
+    """Four equal confidences: leftmost commits position 0; topk commits what torch.topk picks on the row the
+    reference holds (here the block behind 40 committed positions and before 16 masked ones, all at -inf), which
+    the padding changes; under the threshold rule the top-1 among ties comes from the same call with every masked
+    position's k."""
+    confidence = torch.tensor([0.5, 0.5, 0.5, 0.5, 0.25], dtype=torch.bfloat16)
+    masked = torch.ones(5, dtype=torch.bool)
+    for policy, count, k in (("single", 1, 1), ("static", 2, 2), ("threshold", 1, 5)):
+        config = DecodeConfig(policy=policy, block_length=5, **({"steps": 3} if policy == "static" else {}))  # static: 2, 2, 1
+        assert config.commit_count(0, 5) == count
+        leftmost = select(masked, confidence, config)
+        assert torch.nonzero(leftmost)[:, 0].tolist() == list(range(count))
+        for span in (Span(), Span(40, 16), Span(3, 0)):
+            row = torch.nn.functional.pad(confidence, (span.before, span.after), value=float("-inf"))
+            expected = torch.zeros(5, dtype=torch.bool)
+            expected[torch.topk(row, k).indices[:count] - span.before] = True
+            assert torch.equal(select(masked, confidence, replace(config, tie_break="topk"), span=span), expected), (policy, span)
+            assert not torch.equal(expected, leftmost)  # torch's order among these ties is not the leftmost
+    with pytest.raises(ValueError, match="unknown tie_break 'rightmost'; choose one of leftmost, topk"):
+        DecodeConfig(tie_break="rightmost")
+
+
+@pytest.mark.parametrize("cache", ["none", "prefix", "dual"])
+def test_the_ranked_span_is_the_canvas_rows_each_reference_ranks(cache):
+    """A block of 8 at position 11 of a 35-position canvas: the uncached generators rank the whole canvas at every
+    step, Fast-dLLM's cached ones at the block-start forward; later the rows they feed. Block-causal targets: the block."""
+    build, _, _ = TARGETS["llada"]
+    target = DualCacheTarget(build(seed=0), MASK, frozenset({EOS}), 8, cache=cache)
+    later = {"none": Span(11, 16), "prefix": Span(0, 16), "dual": Span()}[cache]
+    assert target.ranked_span(11, 35, 0) == Span(11, 16) and target.ranked_span(11, 35, 3) == later
+    assert tiny_target(8).ranked_span(16, 48, 2) == Span()
+
+
+# (reference, seed, prompt, knob): bf16 decodes where the leftmost rule parts from the reference's torch.topk at a tie.
+TOPK_TIES = [("llada", 0, list(range(1, 17)), None), ("dream", 4, list(range(1, 17)), "maskgit_plus"),
+             ("dream", 3, list(range(1, 12)), "entropy"), ("fast-dllm-dream", 0, list(range(2, 7)), "full canvas"),
+             ("fast-dllm-dream", 1, list(range(1, 12)), "confidence_threshold"), ("fast-dllm-dream", 1, list(range(1, 12)), "entropy")]
+
+
+@pytest.mark.parametrize(("name", "seed", "prompt", "knob"), TOPK_TIES, ids=[f"{n}-{s}-{k}" for n, s, _, k in TOPK_TIES])
+def test_tie_break_topk_decodes_bf16_ties_as_the_references_torch_topk(name, seed, prompt, knob):
+    """The docs' reference lines with tie_break=topk decode as the generators run unamended (their torch.topk on
+    their own rows), token for token in bf16, where the leftmost rule (the default) parts from them at a tie:
+    LLaDA's generate.py, Dream's diffusion_generate (top_k 50) and Fast-dLLM's Dream, full-canvas capped and blocked."""
+    family = "llada" if name == "llada" else "dream"
+    build, _, shift = TARGETS[family]
+    model = build(seed=seed, dtype=torch.bfloat16)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(FLAT)
+    exact = dict(mask_in_softmax=True, stop_at_eos=False, confidence_dtype="model")
+    if name == "llada":
+        target = DualCacheTarget(model, MASK, frozenset({EOS}), 8, cache="none")
+        config = DecodeConfig(policy="static", steps=4, block_length=8, gen_length=24, **exact)
+        expected = llada_generate(model, prompt, 24, 8, 12, pick=torch_topk)
+    elif name == "dream":
+        target = DualCacheTarget(model, MASK, frozenset({EOS}), 24, cache="none", shift=shift)
+        confidence = {"maskgit_plus": "probability", "entropy": "entropy"}[knob]
+        config = DecodeConfig(policy="timestep", steps=10, block_length=24, gen_length=24, confidence=confidence,
+                              sampling=Sampling(top_k=DREAM_TOP_K), **exact)
+        expected = dream_generate(model, prompt, 24, 10, knob, DREAM_TOP_K, pick=torch_topk)
+    elif knob == "full canvas":
+        target = DualCacheTarget(model, MASK, frozenset({EOS}), 32, cache="none", shift=shift)
+        config = DecodeConfig(policy="threshold", threshold=0.3, capped=True, steps=4, block_length=32, gen_length=32, **exact)
+        expected = fast_dllm_dream_full_canvas(model, prompt, 32, 4, 0.3, pick=torch_topk)
+    else:
+        target = DualCacheTarget(model, MASK, frozenset({EOS}), 8, cache="prefix", shift=shift)
+        policy = dict(policy="threshold", threshold=0.3) if knob == "confidence_threshold" else dict(policy="timestep", steps=4)
+        config = DecodeConfig(**policy, block_length=8, gen_length=24, confidence="entropy" if knob == "entropy" else "probability",
+                              first_token_commit=True, **exact)
+        expected = fast_dllm_dream(model, prompt, 24, 8, 12, knob, threshold=0.3, pick=torch_topk)
+    assert list(generate(target, prompt, replace(config, tie_break="topk")).token_ids) == expected
+    assert list(generate(target, prompt, config).token_ids) != expected  # a tie the leftmost rule breaks otherwise
+
+
 class InPlaceCache:
     """Fast-dLLM's dual cache: every position's keys and values from the block-start forward, the block's own rows
     overwritten in place (its `replace_position`), so attention sums over the keys in position order."""
@@ -748,35 +833,64 @@ class InPlaceCache:
         return keys, values
 
 
-def fast_dllm_llada_in_place(model, prompt: list[int], gen_length: int, block_length: int, threshold: float | None):
-    """`generate_with_dual_cache` at T = 0 as Fast-dLLM computes it, keys in position order (InPlaceCache) and no
-    attention mask (bidirectional SDPA): (tokens, the block's logits at every forward). threshold None: one
-    position a step (the most confident); else Fast-dLLM's threshold rule."""
-    x, n, seen, cache = torch.tensor(prompt + [MASK] * gen_length), len(prompt), [], [None]
+def fast_dllm_llada_in_place(model, prompt: list[int], gen_length: int, block_length: int, threshold: float | None,
+                             steps: int | None = None, cache: str = "dual"):
+    """Fast-dLLM's LLaDA generators at T = 0 as it computes them (llada/generate.py): `generate_with_dual_cache`,
+    keys in position order (InPlaceCache) and no attention mask (bidirectional SDPA), or with cache "none" its
+    `generate`, a full forward each step: (tokens, the block's logits at every forward). Each step ranks what its
+    get_transfer_index gets (the whole canvas at a full forward, the block's rows later), confidences from a
+    float64 softmax, with torch.topk: threshold None commits get_num_transfer_tokens(block, steps) positions a
+    step (`steps` None: one), else Fast-dLLM's threshold rule (the top one and every other at >= threshold)."""
+    x, n, seen, kv = torch.tensor(prompt + [MASK] * gen_length), len(prompt), [], [None]
     for layer in model.model.layers:  # the cache reaches the attention alone: the model then makes no mask
-        layer.self_attn.forward = (lambda f: lambda *a, **kw: f(*a, **{**kw, "cache": cache[0]}))(layer.self_attn.forward)
+        layer.self_attn.forward = (lambda f: lambda *a, **kw: f(*a, **{**kw, "cache": kv[0]}))(layer.self_attn.forward)
 
     def forward(ids, positions):
         return model.lm_head(model.model(input_ids=ids[None], position_ids=positions[None]).last_hidden_state[0])
 
-    def commit(logits):  # [K, V]: the block's rows
-        seen.append(logits.float())
+    def commit(logits, offset, i):  # logits [R, V] of the rows the forward fed, from position `offset`
+        seen.append(logits[start - offset : end - offset].float())
         p = torch.softmax(logits.double(), dim=-1)
         x0 = torch.where(torch.arange(p.shape[-1]) == MASK, -1.0, p).argmax(dim=-1)
-        block = x[start:end]
-        confidence = torch.where(block == MASK, p.gather(-1, x0[:, None])[:, 0], float("-inf"))
-        values, chosen = torch.topk(confidence, int((block == MASK).sum()) if threshold is not None else 1)
-        chosen = chosen[(values >= (threshold or 2.0)) | (torch.arange(len(values)) == 0)]
-        x[start + chosen] = x0[chosen]
+        mask_index = x[offset : offset + len(logits)] == MASK
+        mask_index[end - offset :] = False
+        confidence = torch.where(mask_index, p.gather(-1, x0[:, None])[:, 0], float("-inf"))
+        values, chosen = torch.topk(confidence, int(mask_index.sum()) if threshold is not None else counts[i])
+        if threshold is not None:
+            chosen = chosen[(values >= threshold) | (torch.arange(len(values)) == 0)]
+        x[offset + chosen] = x0[chosen]
 
     with torch.no_grad():
         for b in range(gen_length // block_length):
             start, end = n + b * block_length, n + (b + 1) * block_length
-            cache[0] = InPlaceCache(start, end)
-            commit(forward(x, torch.arange(len(x)))[start:end])
+            per, masks = steps or block_length, int((x[start:end] == MASK).sum())
+            counts = [masks // per + (i < masks % per) for i in range(per)]  # its get_num_transfer_tokens
+            kv[0] = InPlaceCache(start, end) if cache == "dual" else None
+            commit(forward(x, torch.arange(len(x))), 0, 0)
+            i = 1
             while bool((x[start:end] == MASK).any()):
-                commit(forward(x[start:end], torch.arange(start, end)))
+                if cache == "dual":
+                    commit(forward(x[start:end], torch.arange(start, end)), start, i)
+                else:
+                    commit(forward(x, torch.arange(len(x))), 0, i)
+                i += 1
     return x[n:].tolist(), seen
+
+
+@pytest.mark.parametrize("cache", ["none", "dual"])
+@pytest.mark.parametrize("rule", ["threshold", "steps"])
+def test_llada_decodes_as_fast_dllms_generate_and_its_cached_generators_by_steps(cache, rule):
+    """The docs' lines for Fast-dLLM's LLaDA `generate` (no cache) and its cached generators run by steps instead
+    of a threshold, in bf16 (float64 confidences, as Fast-dLLM computes them), ties as its torch.topk breaks them."""
+    build, _, _ = TARGETS["llada"]
+    by = dict(policy="threshold", threshold=0.2) if rule == "threshold" else dict(policy="static", steps=3)
+    config = DecodeConfig(**by, block_length=8, gen_length=24, mask_in_softmax=True, stop_at_eos=False, tie_break="topk")
+    for seed, prompt in ((11, list(range(1, 12))), (4, list(range(2, 10)))):
+        model = build(seed=seed, dtype=torch.bfloat16)
+        target = DualCacheTarget(model, MASK, frozenset({EOS}), 8, cache=cache)
+        expected, _ = fast_dllm_llada_in_place(build(seed=seed, dtype=torch.bfloat16), prompt, 24, 8,
+                                               by.get("threshold"), by.get("steps"), cache)
+        assert list(generate(target, prompt, config).token_ids) == expected, (seed, len(prompt))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

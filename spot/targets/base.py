@@ -23,6 +23,8 @@ from typing import Protocol, runtime_checkable
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from spot.policy import BLOCK, Span
+
 
 class Stream(Protocol):
     """One request's cache in a target (`Target.open`)."""
@@ -107,6 +109,10 @@ class Target(Protocol):
         """The most pieces one `verify` can hold in the device memory free now, with `context`
         positions before the active block (an estimate on the safe side)."""
 
+    def ranked_span(self, start: int, positions: int, step: int) -> Span:
+        """Where the block starting at `start` lies in the row this family's reference generator ranks at step
+        `step` of the block (DecodeConfig.tie_break "topk"), on a canvas of `positions`."""
+
 
 @runtime_checkable
 class LoadedTarget(Target, Protocol):
@@ -147,6 +153,10 @@ class ModelTarget:
 
     def embeddings(self) -> torch.Tensor:
         return self.model.get_input_embeddings().weight
+
+    def ranked_span(self, start: int, positions: int, step: int) -> Span:
+        """The block alone: SDAR's and LLaDA2.0's generators rank the block's confidences."""
+        return BLOCK
 
     # -- the one-request view: the target's own stream --------------------------------------------
 

@@ -42,6 +42,7 @@ from transformers import AttentionInterface, PreTrainedModel, PreTrainedTokenize
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from spot.config import CACHES
+from spot.policy import BLOCK, Span
 from spot.targets.base import Call, ModelTarget, Verified
 from spot.targets.checkpoint import Checkpoint, load
 from spot.targets.memory import SAFE_FRACTION, free_bytes, layer_row_bytes
@@ -275,6 +276,15 @@ class DualCacheTarget(ModelTarget):
         per_piece = live * per_row + self.block_length * self.vocab_size * (element + 4)  # + logits and their fp32 copy
         budget = SAFE_FRACTION * free_bytes(self.device) - context * per_row  # less the block-start canvas
         return max(int(budget // per_piece), 0)
+
+    def ranked_span(self, start: int, positions: int, step: int) -> Span:
+        """The rows the reference ranks at step `step`: the whole canvas where its forward covered it (the uncached
+        generators at every step; Fast-dLLM's cached ones at the block-start forward, whose get_transfer_index
+        ranks all of x), then the rows it fed: the block and the suffix behind it (prefix), or the block (dual)."""
+        end = start + self.block_length
+        if self.cache == "none" or step == 0:
+            return Span(start, positions - end)
+        return Span(0, positions - end) if self.cache == "prefix" else BLOCK
 
     def _live(self, start: int, end: int) -> tuple[int, int]:
         """The canvas positions [lo, hi) a piece recomputes with the active block at `start`, the canvas

@@ -11,7 +11,16 @@ import dataclasses
 
 from spot.config import DecodeConfig
 from spot_eval.harness.options import Option, build, options, parse
-from spot_eval.harness.settings import RunSettings, TargetSettings, TrackingSettings
+from spot_eval.harness.settings import RunSettings, TargetSettings, TrackingSettings, as_bool, as_float
+
+# LLaDA generate.py's own options that spot-eval does not run: (the value that changes nothing, why not). At that
+# value each is taken and dropped (a line copied from LLaDA's settings still runs); at any other it is refused.
+NOT_RUN = {
+    "cfg_scale": (0.0, "LLaDA's classifier-free guidance, which spot-eval does not run (every step would need a "
+                       "second forward with the prompt masked out)"),
+    "logits_eos_inf": (False, "LLaDA's ban of the EOS token from every step, which spot-eval does not run"),
+    "confidence_eos_eot_inf": (False, "LLaDA's exclusion of EOS and EoT from the confidences, which spot-eval does not run"),
+}
 
 # The model_args in groups, as the reference page shows them.
 GROUPS = (("The target", TargetSettings), ("The methods", RunSettings), ("The decoder", DecodeConfig),
@@ -26,7 +35,7 @@ def spot_args_class(decoder: type = DecodeConfig) -> type:
 
     def parse_args(cls, kwargs: dict) -> SpotArgs:
         """Typed values from lm-eval's model_args (strings, or numbers lm-eval coerced), each checked by name."""
-        return cls(**parse(opts, kwargs))
+        return cls(**parse(opts, {k: v for k, v in kwargs.items() if not not_run(k, v)}))
 
     def decode_config(self, block_length: int) -> DecodeConfig:
         """The decoder settings, validated (spot.config names any bad one), at the block length the checkpoint gives
@@ -50,3 +59,15 @@ def spot_args_class(decoder: type = DecodeConfig) -> type:
 
 SpotArgs = spot_args_class()
 OPTIONS: tuple[Option, ...] = SpotArgs.OPTIONS
+
+
+def not_run(name: str, value: object) -> bool:
+    """True for one of NOT_RUN's options at the value that changes nothing (to drop); refused at any other."""
+    if name not in NOT_RUN:
+        return False
+    neutral, why = NOT_RUN[name]
+    given = as_bool(name, value) if isinstance(neutral, bool) else as_float(name, value)
+    if given != neutral:
+        raise ValueError(f"{name}={value}: {why}; drop {name} (LLaDA's default, {str(neutral).lower()}, is what "
+                         "spot-eval decodes)")
+    return True
