@@ -24,6 +24,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from spot.policy import BLOCK, Span
+from spot.targets.placement import execution_device, weight_of
 
 
 class Stream(Protocol):
@@ -141,7 +142,7 @@ class ModelTarget:
         self.block_length = block_length
         self.vocab_size = int(model.config.vocab_size)
         self.max_positions = int(model.config.max_position_embeddings)
-        self.device = next(model.parameters()).device
+        self.device = execution_device(model)
         head = model.get_output_embeddings()  # the logits come out in the LM head's dtype
         self.logits_dtype = (head.weight if head is not None else next(model.parameters())).dtype
         self.forwards = 0
@@ -152,7 +153,7 @@ class ModelTarget:
         self._stream: Stream | None = None
 
     def embeddings(self) -> torch.Tensor:
-        return self.model.get_input_embeddings().weight
+        return weight_of(self.model.get_input_embeddings())
 
     def ranked_span(self, start: int, positions: int, step: int) -> Span:
         """The block alone: SDAR's and LLaDA2.0's generators rank the block's confidences."""

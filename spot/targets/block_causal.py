@@ -26,7 +26,6 @@ them (docs/guides/batching.md).
 
 from __future__ import annotations
 
-import types
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +38,7 @@ from spot.targets.attention import PIECES, PieceLayout
 from spot.targets.base import Call, ModelTarget, Verified
 from spot.targets.checkpoint import Checkpoint, load
 from spot.targets.memory import SAFE_FRACTION, free_bytes, layer_row_bytes
+from spot.targets.placement import Placement, patch_forward
 from spot.targets.rows import row_invariant_linears
 from spot.targets.sdar import row_invariant_experts, row_invariant_router, use_sdar_norms
 
@@ -86,9 +86,9 @@ class BlockCausalTarget(ModelTarget):
             row_invariant_linears(model)
             for module in model.modules():
                 if isinstance(module, Qwen3MoeExperts):
-                    module.forward = types.MethodType(row_invariant_experts, module)
+                    patch_forward(module, row_invariant_experts)
                 elif isinstance(module, Qwen3MoeTopKRouter):
-                    module.forward = types.MethodType(row_invariant_router, module)
+                    patch_forward(module, row_invariant_router)
         use_sdar_norms(model)
         super().__init__(model, mask_id, eos_ids, block_length, tokenizer, name)
         self.cross_block = True  # a completed block's KV never changes, so the next block can ride behind it
@@ -103,11 +103,13 @@ class BlockCausalTarget(ModelTarget):
         attn_implementation: str = "sdpa",
         trust_remote_code: bool = False,
         exact: bool = False,
+        placement: Placement | None = None,
     ) -> BlockCausalTarget:
         """Load a local SDAR-style checkpoint directory (weights, tokenizer, ids, block size), or one already parsed.
 
-        exact: verify in the per-piece layout (the class docstring), whatever `attn_implementation` says."""
-        parts = load(checkpoint, "block_causal", cls.__name__, block_length, device, dtype, trust_remote_code,
+        exact: verify in the per-piece layout (the class docstring), whatever `attn_implementation` says.
+        placement: spreads the weights (spot.targets.placement) in place of `device`."""
+        parts = load(checkpoint, "block_causal", cls.__name__, block_length, device, dtype, trust_remote_code, placement,
                      attn_implementation=attn_implementation)
         info = parts.checkpoint.info
         return cls(parts.model, info.mask_id, info.eos_ids, parts.block_length, parts.tokenizer, info.path, exact)

@@ -26,6 +26,7 @@ from transformers import (
 from spot.targets.llada import KEY_MAPPING as LLADA_KEY_MAPPING
 from spot.targets.llada import LLaDAForCausalLM, llada_config
 from spot.targets.llada2 import LLaDA2Config, LLaDA2ForCausalLM
+from spot.targets.placement import Placement
 
 # Fields of a config.json that only the checkpoint's remote code reads.
 _REMOTE_ONLY_FIELDS = ("auto_map", "architectures", "attn_implementation", "model_type")
@@ -226,10 +227,12 @@ def load(
     device: str | torch.device,
     dtype: torch.dtype,
     trust_remote_code: bool = False,
+    placement: Placement | None = None,
     **weights,
 ) -> Loaded:
     """A checkpoint's parts, checked the same way for every target class: parsed once, of the family `attention`
-    that the class `loader` decodes, the decode block length, a tokenizer that holds the mask token, the weights."""
+    that the class `loader` decodes, the decode block length, a tokenizer that holds the mask token, the weights
+    (on `device`, or spread by `placement`: spot.targets.placement)."""
     checkpoint = parsed(checkpoint)
     if checkpoint.family.attention != attention:
         other = "BlockCausalTarget" if checkpoint.family.attention == "block_causal" else "DualCacheTarget"
@@ -238,6 +241,8 @@ def load(
                          "(spot.targets.from_pretrained does)")
     block_length = decode_block_length(checkpoint, block_length)
     tokenizer = load_tokenizer(checkpoint, trust_remote_code)
+    if placement is not None:
+        return Loaded(checkpoint, block_length, tokenizer, load_weights(checkpoint, dtype, **weights, **placement.kwargs()))
     return Loaded(checkpoint, block_length, tokenizer, load_weights(checkpoint, dtype, **weights).to(device))
 
 

@@ -46,6 +46,7 @@ from spot.policy import BLOCK, Span
 from spot.targets.base import Call, ModelTarget, Verified
 from spot.targets.checkpoint import Checkpoint, load
 from spot.targets.memory import SAFE_FRACTION, free_bytes, layer_row_bytes
+from spot.targets.placement import Placement
 from spot.targets.rows import row_invariant_linears
 
 FROZEN = "spot_frozen_canvas"
@@ -183,10 +184,11 @@ class DualCacheTarget(ModelTarget):
         dtype: torch.dtype = torch.float32,
         cache: str = "dual",
         trust_remote_code: bool = False,
+        placement: Placement | None = None,
     ) -> DualCacheTarget:
         """Load a LLaDA or Dream checkpoint directory (weights, tokenizer, ids; block size from the family), or one
-        already parsed."""
-        parts = load(checkpoint, "bidirectional", cls.__name__, block_length, device, dtype, trust_remote_code)
+        already parsed; `placement` spreads its weights (spot.targets.placement) in place of `device`."""
+        parts = load(checkpoint, "bidirectional", cls.__name__, block_length, device, dtype, trust_remote_code, placement)
         info = parts.checkpoint.info
         return cls(parts.model, info.mask_id, info.eos_ids, parts.block_length, parts.tokenizer, info.path, cache,
                    parts.checkpoint.family.shift)

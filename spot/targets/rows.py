@@ -20,12 +20,13 @@ dense layers see hundreds of rows per verify and a chunk costs a kernel call.
 
 from __future__ import annotations
 
-import types
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from spot.targets.placement import patch_forward
 
 ROWS = 8
 DENSE_ROWS = 64
@@ -41,10 +42,11 @@ def in_chunks(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, rows:
 
 
 def row_invariant_linears(model: nn.Module) -> None:
-    """Every nn.Linear of `model` runs on chunks of DENSE_ROWS rows (the module docstring)."""
+    """Every nn.Linear of `model` runs on chunks of DENSE_ROWS rows (the module docstring), beneath any accelerate
+    hook (spot.targets.placement.patch_forward)."""
     for module in model.modules():
         if isinstance(module, nn.Linear):
-            module.forward = types.MethodType(_chunked_linear, module)
+            patch_forward(module, _chunked_linear)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

@@ -3,7 +3,7 @@
 SDAR checkpoints ship Qwen3 / Qwen3-MoE weight names under `model_type: "sdar"` / `"sdar_moe"` and
 remote code; spot.targets.checkpoint maps their config.json to a plain `Qwen3Config` /
 `Qwen3MoeConfig`, the weights load into `Qwen3ForCausalLM` / `Qwen3MoeForCausalLM` without remote
-code, and the target (spot.targets.block_causal) computes every RMSNorm as SDAR does (`SDARRMSNorm`)
+code, and the target (spot.targets.block_causal) computes every RMSNorm as SDAR does (`sdar_rms_norm`)
 and, in the exact layout, Qwen3-MoE's router and experts row-invariantly (`row_invariant_router`,
 `row_invariant_experts`).
 """
@@ -15,24 +15,19 @@ from torch import nn
 from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
 from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeRMSNorm
 
+from spot.targets.placement import patch_forward
 from spot.targets.rows import DENSE_ROWS, in_chunks
 
 
-class SDARRMSNorm(nn.Module):
-    """RMSNorm as SDAR's released inference path computes it (flash-attn's Triton `rms_norm_fn`): the
-    input normalised in fp32 and multiplied by the weight in fp32, then rounded to the input dtype once.
-    transformers' Qwen3RMSNorm rounds the normalised input first and multiplies in the input dtype: the
-    same in fp32, up to a rounding apart in bf16, where it was the main difference from SDAR's logits."""
-
-    def __init__(self, weight: nn.Parameter, eps: float) -> None:
-        super().__init__()
-        self.weight = weight
-        self.variance_epsilon = eps
-
-    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        x = hidden_states.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
-        return (x * self.weight.float()).to(hidden_states.dtype)
+def sdar_rms_norm(self: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
+    """RMSNorm as SDAR's released inference path computes it (flash-attn's Triton `rms_norm_fn`), on a Qwen3
+    RMSNorm's `weight` and `variance_epsilon`: the input normalised in fp32 and multiplied by the weight in fp32,
+    then rounded to the input dtype once. transformers' Qwen3RMSNorm rounds the normalised input first and
+    multiplies in the input dtype: the same in fp32, up to a rounding apart in bf16, where it was the main
+    difference from SDAR's logits."""
+    x = hidden_states.float()
+    x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+    return (x * self.weight.float()).to(hidden_states.dtype)
 
 
 def row_invariant_experts(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor):
@@ -73,7 +68,6 @@ def row_invariant_router(self, hidden_states: torch.Tensor) -> tuple[torch.Tenso
 def use_sdar_norms(model: nn.Module) -> None:
     """Every Qwen3 / Qwen3-MoE RMSNorm of `model` (per-head q/k norms, layer and final norms) computed
     as SDAR computes it, on the same weights."""
-    for parent in list(model.modules()):
-        for name, child in parent.named_children():
-            if isinstance(child, (Qwen3RMSNorm, Qwen3MoeRMSNorm)):
-                setattr(parent, name, SDARRMSNorm(child.weight, child.variance_epsilon))
+    for module in model.modules():
+        if isinstance(module, (Qwen3RMSNorm, Qwen3MoeRMSNorm)):
+            patch_forward(module, sdar_rms_norm)
