@@ -75,3 +75,14 @@ def test_a_dual_cache_target_split_over_cpu_and_disk_decodes_as_the_whole_one(tm
     config = DecodeConfig(block_length=whole.block_length, gen_length=2 * whole.block_length, stop_at_eos=False)
     prompts = [list(range(1, 12)), list(range(2, 9))]
     assert decodes(parted, prompts, config, drafters) == decodes(whole, prompts, config, drafters)
+
+
+def test_every_familys_model_keeps_its_decoder_layers_whole_under_a_device_map():
+    """accelerate's automatic maps split a model only between the modules `_no_split_modules` names: each family's
+    decoder layer is one of them, so no layer the exact layout runs whole is ever spread over two devices."""
+    from spot.targets.checkpoint import FAMILIES
+
+    for model_type, family in FAMILIES.items():
+        with torch.device("meta"):  # the default configs are full-sized: shapes only
+            model = family.model(family.config(num_hidden_layers=2))
+        assert type(model.model.layers[0]).__name__ in model._no_split_modules, model_type

@@ -42,7 +42,7 @@ from transformers import AttentionInterface, PreTrainedModel, PreTrainedTokenize
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from spot.config import CACHES
-from spot.policy import BLOCK, Span
+from spot.policy import Span
 from spot.targets.base import Call, ModelTarget, Verified
 from spot.targets.checkpoint import Checkpoint, load
 from spot.targets.memory import SAFE_FRACTION, free_bytes, layer_row_bytes
@@ -280,13 +280,11 @@ class DualCacheTarget(ModelTarget):
         return max(int(budget // per_piece), 0)
 
     def ranked_span(self, start: int, positions: int, step: int) -> Span:
-        """The rows the reference ranks at step `step`: the whole canvas where its forward covered it (the uncached
-        generators at every step; Fast-dLLM's cached ones at the block-start forward, whose get_transfer_index
-        ranks all of x), then the rows it fed: the block and the suffix behind it (prefix), or the block (dual)."""
-        end = start + self.block_length
-        if self.cache == "none" or step == 0:
-            return Span(start, positions - end)
-        return Span(0, positions - end) if self.cache == "prefix" else BLOCK
+        """The rows the reference ranks at step `step`: those its forward fed, as the live rows of this cache mode
+        are (`_live`): the whole canvas at the block-start forward (Fast-dLLM's get_transfer_index ranks all of
+        x there) and at every step without a cache; later the block and its suffix (prefix), or the block (dual)."""
+        lo, hi = (0, positions) if step == 0 else self._live(start, positions)
+        return Span(start - lo, hi - start - self.block_length)
 
     def _live(self, start: int, end: int) -> tuple[int, int]:
         """The canvas positions [lo, hi) a piece recomputes with the active block at `start`, the canvas

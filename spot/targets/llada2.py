@@ -236,6 +236,7 @@ class LLaDA2PreTrainedModel(PreTrainedModel):
     base_model_prefix = "model"
     _supports_sdpa = True
     _supports_attention_backend = True
+    _no_split_modules = ["LLaDA2Layer"]  # a device map places whole layers (spot.targets.placement)
 
     def _init_weights(self, module: nn.Module) -> None:
         super()._init_weights(module)

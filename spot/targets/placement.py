@@ -19,14 +19,13 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")  # accelerate's own maps
-
 
 @dataclass(frozen=True)
 class Placement:
     """Where the weights go: transformers' `device_map`, `max_memory` and `offload_folder`.
 
-    device_map: one of STRATEGIES, or module name -> "cpu", "disk" or a CUDA index.
+    device_map: one of accelerate's strategies ("auto", "balanced", "balanced_low_0", "sequential"), or module
+        name -> "cpu", "disk" or a CUDA index.
     max_memory: device ("cpu" or a CUDA index) -> the most the weights take there ("20GiB"); None: what is free.
     offload_folder: where weights the memory does not hold go (disk offload); needed where the map says "disk".
     """

@@ -126,7 +126,6 @@ class Channel:
         self.call_fd, self.reply_fd = call_fd, reply_fd
         self.handles: dict[int, Handle] = {}
         self.crossings: set[str] = set()
-        self.names = 0  # classes named among the crossings
         self.unnamed = 0  # reduced values of the classes past the first REDUCED_NAMES
         self.received = 0  # bytes of all the program's messages
         self.left: str | None = None  # why the program's side is gone, once it is
@@ -144,9 +143,8 @@ class Channel:
         kind = f"reduced {name}"
         if kind in self.crossings:
             return
-        if self.names < REDUCED_NAMES:
+        if sum(k.startswith("reduced ") for k in self.crossings) < REDUCED_NAMES:
             self.crossings.add(kind)
-            self.names += 1
         else:
             self.unnamed += 1
 
