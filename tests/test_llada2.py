@@ -137,10 +137,10 @@ def test_pieces_score_bit_for_bit_as_one_piece_forwards_in_the_exact_layout(dtyp
 
 
 def test_the_logits_dtype_is_the_models_without_an_output_embedding_accessor():
-    """confidence_dtype=model computes in Target.logits_dtype; LLaDA2.0's head is a plain `lm_head` attribute, which
-    transformers' get_output_embeddings does not find, so the target reads the model's parameters' dtype."""
+    """confidence_dtype=model computes in Target.logits_dtype; a model whose get_output_embeddings finds no head (a
+    plugin's, or a remote-code one) has the target read the model's parameters' dtype."""
     model = tiny_llada2(seed=1, dtype=torch.bfloat16)
-    assert model.get_output_embeddings() is None
+    model.get_output_embeddings = lambda: None
     assert BlockCausalTarget(model, MASK, frozenset({EOS}), 16).logits_dtype == torch.bfloat16
 
 

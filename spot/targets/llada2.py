@@ -259,6 +259,12 @@ class LLaDA2Model(LLaDA2PreTrainedModel):
         self.rotary = LLaDA2Rotary(config)
         self.post_init()
 
+    def get_input_embeddings(self) -> nn.Embedding:  # the published name, not transformers' embed_tokens
+        return self.word_embeddings
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.word_embeddings = value
+
     def forward(
         self,
         input_ids: torch.Tensor,
