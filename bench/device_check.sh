@@ -10,7 +10,10 @@
 #   4. benchmark: README command 1 (four tasks at --limit 10, up to 256 new tokens, SPOT@8, SPOT@auto and Spiffy@3 against draft-free)
 #      on the device in bf16, exact layout, one line per task and method with its forward and throughput ratios;
 #   5. batching: tokens/s and forwards per request at batch 1, 2, 4, 8 (bench/batching.py), draft-free, SPOT@8 and
-#      Spiffy@3, bf16 exact layout, with the requests whose tokens moved against batch 1 (0 expected).
+#      Spiffy@3, bf16 exact layout, with the requests whose tokens moved against batch 1 (0 expected);
+#   6. placement_overhead: the embedded target spread by a device map (over two GPUs where two are visible, else an
+#      explicit one-GPU map; the dry run: CPU and disk offload) beside the whole one: seconds per decode, tokens and
+#      forwards identical, the MiB of weights on each GPU.
 # --dry-run: the same on the CPU at toy sizes (CI runs it, so the script stays runnable between GPU sessions).
 # Usage: bash bench/device_check.sh [--dry-run]   (from the repository root, with the project installed)
 set -euo pipefail
@@ -20,9 +23,11 @@ LM_EVAL=${LM_EVAL:-lm_eval}
 if [ "${1:-}" = "--dry-run" ]; then
   DEVICE=cpu PIECES=1+2+3 SDAR="--layers 1 --width-divisor 32" LLADA2="--layers 2 --width-divisor 32" CONTEXT=64 REPEATS=1
   EXACTNESS="--prompts 1 --gen 32 --pieces 2 --repeats 1" LIMIT=1 MAX_GEN=16 BATCHING="--prompts 2 --gen 16 --sizes 1+2 --repeats 1"
+  PLACEMENT="--prompts 1 --repeats 1 --gen-length 16 --budget 2"
 else
   DEVICE=cuda PIECES=1+2+3+4+5+7+9+11+13+15+17+19+21 SDAR="--layers 12" LLADA2="--layers 6" CONTEXT=512 REPEATS=9
   EXACTNESS="--prompts 8 --gen 128 --pieces 2+9+21" LIMIT=10 MAX_GEN=256 BATCHING="--prompts 8 --gen 128 --sizes 1+2+4+8 --repeats 1"
+  PLACEMENT="--prompts 6 --repeats 3 --gen-length 128"
 fi
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 PYTHONUNBUFFERED=1
 # The bench steps run one after another in one Python process (bench/steps.py). A step that fails is reported
@@ -34,7 +39,8 @@ $PY bench/steps.py \
   "verify cost, LLaDA2.0-mini-shaped" "verify_cost.py --model llada2-mini $LLADA2 --device $DEVICE --dtype bfloat16 --pieces $PIECES --context $CONTEXT --repeats $REPEATS" \
   "exactness of the two layouts" "verify_exactness.py --device $DEVICE --dtype bfloat16 $EXACTNESS" \
   "budget=auto's inputs" "auto_cost.py --device $DEVICE --dtype bfloat16 --exact --remeasure" \
-  "batched decoding" "batching.py --device $DEVICE --dtype bfloat16 --exact $BATCHING" || status=1
+  "batched decoding" "batching.py --device $DEVICE --dtype bfloat16 --exact $BATCHING" \
+  "a target spread by a device map" "placement_overhead.py --device $DEVICE --dtype bfloat16 $PLACEMENT" || status=1
 echo "device_check: the four-task benchmark" >&2
 RUN=$(mktemp -d)
 trap 'rm -rf "$RUN"' EXIT

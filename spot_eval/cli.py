@@ -49,9 +49,12 @@ def _set_threads(args: argparse.Namespace) -> None:
         torch.set_num_threads(args.threads)
 
 
+PLACEMENT = ("parallelize", "device_map", "max_memory_per_gpu", "max_cpu_memory", "offload_folder")
+
+
 def _decode_flags(p: argparse.ArgumentParser) -> None:
     _target_flags(p)
-    add_flags(p, options(TargetSettings), only=("exact", "threads"))
+    add_flags(p, options(TargetSettings), only=("exact", "threads", *PLACEMENT))
     p.add_argument("--method", default="draft_free", help="draft_free or a method (spot-eval methods lists them: the "
                                                           "built-in ones, installed plugins' and --plugins')")
     _plugins_flags(p)
@@ -180,6 +183,50 @@ def _profile(args: argparse.Namespace) -> None:
     target = load_target(path, args.block_length, device, args.exact, dtype, args.cache)
     profile = verify_profile(target, remeasure=args.remeasure)
     print(json.dumps({**profile.to_dict(), "file": str(cache_dir() / f"{profile_key(target).digest()}.json")}))
+
+
+def _placement_flags(p: argparse.ArgumentParser) -> None:
+    add_flags(p, options(TargetSettings), only=("pretrained", "revision", "device", "dtype", *PLACEMENT))
+    p.add_argument("--gpus", type=int, default=None,
+                   help="plan for this many GPUs of --max-memory-per-gpu each instead of the visible ones (a machine "
+                        "you have not got yet)")
+    p.add_argument("--json", action="store_true", help="print one JSON object: the map and the bytes on each device")
+
+
+def _placement(args: argparse.Namespace) -> None:
+    from spot_eval.checkpoints.target import CONFIG_FILES, read_target, resolve_checkpoint
+    from spot_eval.harness.placement import describe, plan_placement
+    from spot_eval.harness.settings import resolve_device, resolve_dtype
+
+    target = build(TargetSettings, given(args, options(TargetSettings)))
+    if args.gpus is None:
+        device = resolve_device("--device", target.device)
+        free = None
+    else:
+        if args.gpus < 1 or target.max_memory_per_gpu is None:
+            raise ValueError("--gpus N plans for N GPUs of --max-memory-per-gpu each: give both (N >= 1)")
+        from spot_eval.harness.placement import parse_size
+
+        device = "cuda:0"
+        import logging
+
+        logging.getLogger("accelerate.utils.modeling").setLevel(logging.ERROR)  # "device N is not available": planned
+        cpu = parse_size("--max-cpu-memory", target.max_cpu_memory) if target.max_cpu_memory else 0
+        free = {"cpu": cpu}
+        if not (target.parallelize or target.device_map):
+            target = dataclasses.replace(target, parallelize=True)
+    if not (target.parallelize or target.device_map):
+        raise ValueError("nothing to plan: give --parallelize or --device-map (and the memory and offload flags)")
+    dtype = resolve_dtype("--dtype", target.dtype, device)
+    checkpoint = read_target(resolve_checkpoint(target.pretrained, target.revision, "--pretrained", CONFIG_FILES))
+    planned = plan_placement(target, device, checkpoint, dtype, gpus=args.gpus, local=(1, 0) if args.gpus else None, free=free)
+    if args.json:
+        print(json.dumps({"device_map": dict(planned.placement.device_map),
+                          "bytes": {str(d): n for d, n in planned.bytes_by_device},
+                          "largest_layer": dict([planned.largest_layer]), "dtype": str(dtype).removeprefix("torch.")}))
+        return
+    print(f"{checkpoint.path} in {str(dtype).removeprefix('torch.')}, {checkpoint.info.model_type}:")
+    print("\n".join(describe(planned)))
 
 
 def _calibrate_reach_flags(p: argparse.ArgumentParser) -> None:
@@ -579,6 +626,8 @@ COMMANDS = (
     Command("fit-sets", "fit SPOT-Sets' stale set predictor on threshold trajectories", _fit_sets_flags, _fit_sets),
     Command("train-sets", "train (or --init-from: calibrate) SPOT-Sets' set model on threshold trajectories", _train_sets_flags,
             _train_sets),
+    Command("placement", "show how a target's weights would spread over the devices (parallelize, device_map, max "
+                         "memory, offload), before any weights load", _placement_flags, _placement),
     Command("profile", "measure (or show the cached) verify-cost profile of a target on this device", _profile_flags, _profile),
     Command("nightly", "run a suite through lm-eval, compare with a baseline, write a report, gate", _nightly_flags, _nightly),
     Command("cache-datasets", "write the vendored GSM8K, MATH-500, MBPP and HumanEval (and a sandboxed code_eval) where lm-eval's own tasks load them offline",
@@ -609,6 +658,7 @@ DOCS_PAGES = {
     "fit-sets": "methods/spot-sets.md#training-for-a-new-target",
     "train-sets": "methods/spot-sets.md#training-for-a-new-target",
     "profile": "methods/budget-auto.md#the-verify-cost-profile",
+    "placement": "guides/scaling-out.md#targets-larger-than-one-gpu",
     "nightly": "tracking.md#nightly-reports",
     "cache-datasets": "guides/tasks.md#lm-evals-own-tasks-offline",
     "compare": "tracking.md#comparing-methods",

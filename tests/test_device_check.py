@@ -36,6 +36,9 @@ def test_the_dry_run_reports_every_figure_as_one_json_line(tmp_path):
     [batching] = [f for f in figures if f["bench"] == "batching"]
     assert {(r["label"], r["batch"]) for r in batching["rows"]} == {(m, b) for m in ("draft_free", "spot@8", "spiffy@3") for b in (1, 2)}
     assert batching["exact"] and all(r["differ_from_batch1"] == 0 and r["lossless"] == 1.0 for r in batching["rows"])
+    [placed] = [f for f in figures if f["bench"] == "placement_overhead"]
+    assert set(placed["layouts"]) == {"whole", "hooks", "half_disk", "disk"}
+    assert all(m["same_tokens_and_forwards"] for layout in placed["layouts"].values() for m in layout.values())
     [auto] = [f for f in figures if f["bench"] == "auto_cost"]
     assert auto["exact"] and auto["profile"]["key"]["dtype"] == "bfloat16" and auto["order_model_ms"] > 0
 

@@ -246,6 +246,8 @@ def test_records_kept_in_the_cache_come_back_as_they_were(checkpoint):
         ({"fail_on_divergence": "ture"}, "fail_on_divergence='ture' is not a boolean"),
         ({"cache": "duel"}, "unknown cache 'duel'; choose one of dual, prefix, none, nosuffix"),
         ({"cache": "none"}, "cache='none' applies to bidirectional targets"),
+        ({"parallelize": "true"}, "parallelize=true spreads the target over GPUs, and this run decodes on the CPU"),
+        ({"device_map": "sequential", "max_cpu_memory": "100"}, r"keeps 1 module\(s\) on disk \(the whole model\)"),
     ],
 )
 def test_bad_model_args(checkpoint, overrides, message):

@@ -246,6 +246,15 @@ def load(
     return Loaded(checkpoint, block_length, tokenizer, load_weights(checkpoint, dtype, **weights).to(device))
 
 
+def empty_model(checkpoint: Checkpoint, dtype: torch.dtype) -> PreTrainedModel:
+    """The checkpoint's model without weights (every parameter on the meta device, in `dtype`): its module names and
+    sizes, which is all a device map is planned from (spot.targets.placement.plan)."""
+    from accelerate import init_empty_weights
+
+    with init_empty_weights():
+        return checkpoint.family.model._from_config(checkpoint.config, dtype=dtype)
+
+
 def load_tokenizer(checkpoint: Checkpoint, trust_remote_code: bool = False) -> PreTrainedTokenizerBase:
     """The directory's tokenizer, checked to hold the mask token the config names (without it the prompt's text
     could never show a mask, and decoded masks would vanish from the output)."""

@@ -15,17 +15,23 @@ from __future__ import annotations
 import types
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")  # accelerate's automatic maps
 
 
 @dataclass(frozen=True)
 class Placement:
     """Where the weights go: transformers' `device_map`, `max_memory` and `offload_folder`.
 
-    device_map: one of accelerate's strategies ("auto", "balanced", "balanced_low_0", "sequential"), or module
-        name -> "cpu", "disk" or a CUDA index.
+    device_map: one of accelerate's STRATEGIES, or module name -> "cpu", "disk" or a CUDA index (`plan` resolves a
+        strategy into such a map before the weights load, so that what loads is what was shown and checked).
     max_memory: device ("cpu" or a CUDA index) -> the most the weights take there ("20GiB"); None: what is free.
     offload_folder: where weights the memory does not hold go (disk offload); needed where the map says "disk".
     """
@@ -43,6 +49,77 @@ class Placement:
         if self.offload_folder is not None:
             out["offload_folder"] = self.offload_folder
         return out
+
+
+def plan(model: PreTrainedModel, placement: Placement) -> dict[str, str | int]:
+    """The module -> device map that loading `model`'s weights under `placement` uses: a strategy resolved by
+    transformers' own rule (the one its from_pretrained applies: whole `_no_split_modules`, tied weights together,
+    filled in the order of `max_memory`'s devices), or a given map checked to name modules of the model, to cover
+    every weight, and to keep tied weights on one device.
+
+    Raises:
+        ValueError: naming the module that does not exist, the weights no entry covers, or the tied pair split."""
+    if isinstance(placement.device_map, str):
+        from transformers.integrations.accelerate import _get_device_map
+
+        max_memory = None if placement.max_memory is None else dict(placement.max_memory)
+        return dict(_get_device_map(model, placement.device_map, max_memory, None))
+    device_map = dict(placement.device_map)
+    modules = dict(model.named_modules())
+    unknown = [name for name in device_map if name not in modules]
+    if unknown:
+        tops = ", ".join(name for name, _ in model.named_children())
+        raise ValueError(f"device_map names {', '.join(unknown)}, which {type(model).__name__} does not have; its modules "
+                         f"are named from its top level ({tops}) down, as in model.layers.0")
+    uncovered = [name for name, _ in model.named_parameters() if _owner(device_map, name) is None]
+    if uncovered:
+        shown = sorted({_outermost_uncovered(device_map, name) for name in uncovered})
+        raise ValueError(f"device_map places no device for {', '.join(shown[:6])}{', ...' if len(shown) > 6 else ''}; "
+                         "give every module a device (or name a strategy: auto, balanced, sequential)")
+    for tied, source in (getattr(model, "all_tied_weights_keys", None) or {}).items():  # not tied yet on meta
+        devices = {device_map[_owner(device_map, name)] for name in (tied, source)}
+        if len(devices) > 1:
+            raise ValueError(f"device_map puts the tied weights {tied} and {source} on different devices "
+                             f"({', '.join(sorted(map(str, devices)))}); they are one tensor: give their modules one device")
+    return device_map
+
+
+def _owner(device_map: dict, name: str) -> str | None:
+    """The entry of `device_map` that places parameter `name`: the longest module name it sits under."""
+    owners = [key for key in device_map if key == "" or name == key or name.startswith(key + ".")]
+    return max(owners, key=len) if owners else None
+
+
+def _outermost_uncovered(device_map: dict, name: str) -> str:
+    """The shortest module name above parameter `name` that no entry of `device_map` reaches into."""
+    parts = name.split(".")
+    for i in range(1, len(parts)):
+        prefix = ".".join(parts[:i])
+        if not any(key == prefix or key.startswith(prefix + ".") for key in device_map):
+            return prefix
+    return ".".join(parts[:-1]) or name
+
+
+def sizes(model: PreTrainedModel, device_map: dict[str, str | int]) -> dict[str | int, int]:
+    """Bytes of weights (and buffers) each device of `device_map` holds."""
+    from transformers.integrations.accelerate import compute_module_sizes
+
+    by_module, _ = compute_module_sizes(model, only_modules=False)
+    out: dict[str | int, int] = {}
+    for name, device in device_map.items():
+        out[device] = out.get(device, 0) + by_module[name]
+    return out
+
+
+def largest_layer(model: PreTrainedModel) -> tuple[str, int]:
+    """The largest module a device map never splits (`_no_split_modules`), and its bytes: the least one device
+    must hold to hold any layer."""
+    from transformers.integrations.accelerate import compute_module_sizes
+
+    by_module, _ = compute_module_sizes(model)
+    kinds = set(model._no_split_modules or ())
+    whole = [(name, by_module[name]) for name, module in model.named_modules() if type(module).__name__ in kinds]
+    return max(whole, key=lambda item: item[1])
 
 
 def execution_device(model: nn.Module) -> torch.device:

@@ -7,20 +7,23 @@ from pathlib import Path
 
 import torch
 
-from spot.targets import Checkpoint, from_pretrained, read_checkpoint
+from spot.targets import Checkpoint, Placement, from_pretrained, read_checkpoint
 from spot.targets.base import LoadedTarget
 from spot_eval.checkpoints.fingerprint import weights_digest
 from spot_eval.checkpoints.model_types import discover
 
+CONFIG_FILES = ("*.json", "*.model", "*.txt", "*.tiktoken")  # config, tokenizer and weight index: no weights
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")  # org/name, as the hub spells repository ids
 
 
-def resolve_checkpoint(pretrained: str | Path, revision: str | None = None, option: str = "pretrained") -> Path:
+def resolve_checkpoint(pretrained: str | Path, revision: str | None = None, option: str = "pretrained",
+                       files: tuple[str, ...] | None = None) -> Path:
     """The local directory of a checkpoint: `pretrained` itself when it is a directory, else the snapshot
     of the hub id `pretrained` (at `revision`) in the Hugging Face cache. Where the hub is reachable a
     missing snapshot is downloaded; with HF_HUB_OFFLINE=1 only the cache is read.
 
     option: how the user set it (lm_eval's model_arg `pretrained`, or spot-eval's `--pretrained`), for the errors.
+    files: only the hub files matching these patterns (CONFIG_FILES: what a plan reads, without the weights).
 
     Raises:
         FileNotFoundError: one line naming the checkpoint and the command that fetches it.
@@ -35,7 +38,7 @@ def resolve_checkpoint(pretrained: str | Path, revision: str | None = None, opti
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, OfflineModeIsEnabled
 
     try:
-        return Path(snapshot_download(name, revision=revision))
+        return Path(snapshot_download(name, revision=revision, allow_patterns=list(files) if files else None))
     except (LocalEntryNotFoundError, OfflineModeIsEnabled, HfHubHTTPError, OSError) as err:
         at = f" at revision {revision}" if revision else ""
         fetch = f"hf download {name}" + (f" --revision {revision}" if revision else "")
@@ -63,15 +66,18 @@ def load_target(
     exact: bool = False,
     dtype: torch.dtype | None = None,
     cache: str | None = None,
+    placement: Placement | None = None,
 ) -> LoadedTarget:
     """The target in a checkpoint directory (`resolve_checkpoint` finds one; or as `read_target` parsed it), as its
     family decodes it (spot.targets.from_pretrained); dtype: float32 on a CPU and bfloat16 elsewhere unless given;
-    cache: a bidirectional target's frozen-cache decoder (dual by default, spot.targets.dual_cache)."""
+    cache: a bidirectional target's frozen-cache decoder (dual by default, spot.targets.dual_cache);
+    placement: the weights spread over devices in place of `device` (spot_eval.harness.placement plans it)."""
     if not isinstance(checkpoint, Checkpoint):
         checkpoint = read_target(checkpoint)
     if dtype is None:
         dtype = torch.float32 if str(device).startswith("cpu") else torch.bfloat16
-    return from_pretrained(checkpoint, block_length=block_length, device=device, dtype=dtype, exact=exact, cache=cache)
+    return from_pretrained(checkpoint, block_length=block_length, device=device, dtype=dtype, exact=exact, cache=cache,
+                           placement=placement)
 
 
 def encode_prompt(target: LoadedTarget, prompt: str, chat: bool) -> list[int]:

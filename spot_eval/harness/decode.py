@@ -11,6 +11,7 @@ from spot_eval import registry
 from spot_eval.checkpoints.target import encode_prompt, load_target, read_target
 from spot_eval.harness.methods import MethodSpec, auto_methods, build_drafter, drafter_file
 from spot_eval.harness.options import build, options, values_of
+from spot_eval.harness.placement import plan_placement, wanted
 from spot_eval.harness.profile import auto_sizing, drafter_seconds
 from spot_eval.harness.settings import (
     DRAFT_TIMEOUT,
@@ -78,7 +79,9 @@ def decode_prompt(
     if spec is not None and not auto:
         check_budgets({spec.label: config.verify_pieces(budget)}, config.block_length,
                       checkpoint.info.vocab_size, dtype, device)
-    model = load_target(checkpoint, block_length, device, target.exact, dtype, target.cache)
+    planned = plan_placement(target, device, checkpoint, dtype) if wanted(target) else None
+    model = load_target(checkpoint, block_length, device, target.exact, dtype, target.cache,
+                        None if planned is None else planned.placement)
     ids = encode_prompt(model, prompt, chat)
     drafter = None
     if spec is not None:

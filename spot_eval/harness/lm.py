@@ -31,6 +31,7 @@ from spot_eval.harness.lossless import MethodRecord, diverge
 from spot_eval.harness.methods import MethodSpec, build_drafter, drafter_file, parse_methods, split_list
 from spot_eval.harness.model_args import SpotArgs
 from spot_eval.harness.parallel import Ranks
+from spot_eval.harness.placement import device_names, plan_placement, wanted
 from spot_eval.harness.profile import Refitted, auto_sizing, drafter_seconds, verify_profile
 from spot_eval.harness.session import MethodFailure, RequestRecord, Session
 from spot_eval.method import PluginError
@@ -71,7 +72,6 @@ class SpotLM(LM):
         self._rank, self._world_size = self.ranks.rank, self.ranks.world_size
         if device.startswith("cuda") and self.ranks.world_size > 1:
             device = f"cuda:{self.ranks.local_rank}"
-        self._device = torch.device(device)
         dtype = settings.resolve_dtype("dtype", args.dtype, device)
         path = resolve_checkpoint(args.pretrained, args.revision)
         checkpoint = read_target(path)  # the one parse of the checkpoint (load_target below takes it)
@@ -104,7 +104,10 @@ class SpotLM(LM):
             if args.threads < 1:
                 raise ValueError(f"threads={args.threads}: use threads >= 1 (1 on a machine shared with other work)")
             torch.set_num_threads(args.threads)
-        self.target = load_target(checkpoint, args.block_length, device, args.exact, dtype, args.cache)
+        planned = plan_placement(args, device, checkpoint, dtype) if wanted(args) else None
+        self.target = load_target(checkpoint, args.block_length, device, args.exact, dtype, args.cache,
+                                  None if planned is None else planned.placement)
+        self._device = self.target.device  # a spread target's: where its embedding runs
         self._drafters, failed = {}, []
         for spec in list(self.specs):
             try:
@@ -127,6 +130,10 @@ class SpotLM(LM):
         run = {"model_args": asdict(self.args), "decoder": _config_dict(self.config),
                "lm_eval_version": lm_eval_version, "target_id": self._target_id,
                "sandbox": _sandbox(), "world_size": self.ranks.world_size, "profile": profile, "batch_size": self.batch_size,
+               # the devices this process's copy of the target runs on (each one's peak memory is recorded)
+               "devices": device_names(self.target.model, self._device),
+               "device_map": None if planned is None else {k: str(v) for k, v in planned.placement.device_map},
+               "bytes_on_disk": 0 if planned is None else dict(planned.bytes_by_device).get("disk", 0),
                # each method's name, colour and origin: a report drawn where a plugin is not installed reads them here
                "methods": {name: registry.description(name) for name in dict.fromkeys(s.name for s in asked)},
                # what ran, for the reports' headers (the same as the MLflow tags, with the commit)

@@ -153,6 +153,14 @@ class Session:
         self.failures: list[MethodFailure] = []  # the methods stopped during the run (their rows leave the summary)
         self.unwritable: str | None = None  # the run directory that could not be written, and why
         self.view: str | None = None  # the saved view of MLflow's runs table that shows the headline figures
+        self.memory: dict[str, float] | None = None  # every rank's peak per device, once gathered (finish)
+
+    def device_memory(self) -> dict[str, float]:
+        """MiB at the peak on each device the target runs on (run.json's "devices"); every rank's once `finish`
+        gathered them (rank<N>/cuda:M under data parallel)."""
+        if self.memory is not None:
+            return self.memory
+        return peak_memory_by_device(self.settings.get("devices") or [], self.settings.get("bytes_on_disk") or 0)
 
     def _write(self, files: Callable[[Path], object]) -> None:
         """Write into the run directory. If it cannot be written (removed, replaced by a file, full),
@@ -218,6 +226,7 @@ class Session:
                "mlflow_tracking_uri": getattr(self.tracker, "uri", None),
                # requests read back from lm-eval's cache (--use_cache): decoded and timed by an earlier process
                "requests": len(self.records), "resumed_requests": resumed, "peak_memory_mb": round(peak_memory_mb()),
+               "peak_memory_mb_by_device": {k: round(v) for k, v in self.device_memory().items()},
                "failed_methods": {f.label: {"origin": f.origin, "where": f.where, "defect": f.defect} for f in self.failures}}
         rows = [json.dumps(row) + "\n" for r in self.records for row in r.rows()]
         summary = self.summary()
@@ -242,13 +251,14 @@ class Session:
         which goes on alone."""
         lossy = score_texts(tasks, self.lossy_texts()) if tasks is not None else []
         if self.ranks.world_size > 1:
-            parts = self.ranks.gather_object((self.records, lossy, self.failures))
+            parts = self.ranks.gather_object((self.records, lossy, self.failures, self.device_memory()))
             if not self.ranks.main:
                 return
-            self.records = sorted((r for part, _, _ in parts for r in part), key=lambda r: (r.task or "", r.doc_id or 0, r.repeat))
-            lossy = [row for _, rows, _ in parts for row in rows]
+            self.memory = {f"rank{rank}/{device}": mib for rank, part in enumerate(parts) for device, mib in part[3].items()}
+            self.records = sorted((r for part, *_ in parts for r in part), key=lambda r: (r.task or "", r.doc_id or 0, r.repeat))
+            lossy = [row for _, rows, *_ in parts for row in rows]
             # each rank stops a method on its own requests; the first rank's word on it stands
-            self.failures = list({f.label: f for _, _, failures in reversed(parts) for f in failures}.values())
+            self.failures = list({f.label: f for _, _, failures, _ in reversed(parts) for f in failures}.values())
         self.flush()
         scored = outcomes((results or {}).get("samples") or {}) + lossy  # lm-eval's per-sample scores: only with --log_samples
         if results is not None:
@@ -269,6 +279,8 @@ class Session:
             lines += [table[columns].to_string(index=False, float_format=lambda x: f"{x:.3f}"), LEGEND,
                       *lossy_lines(table, accuracy), *slow_drafter_lines(table)]
         lines += [f.line() for f in self.failures]
+        if self.settings.get("device_map"):  # a spread target: what each of its devices held at the peak
+            lines.append("spot-eval: peak memory " + ", ".join(f"{d} {mib:.0f} MiB" for d, mib in self.device_memory().items()))
         lines.append(f"spot-eval: samples and summary in {self.out_dir}")
         uri = getattr(self.tracker, "uri", None)
         link = self.tracker.ui_link(self.view)
@@ -309,6 +321,8 @@ class Session:
             tracker.log_params({safe_name(f"task_version/{t}"): v for t, v in (results.get("versions") or {}).items()})
         frame = self.frame()
         tracker.set_tags({PEAK_MEMORY: f"{peak_memory_mb():.0f}"})
+        if memory := self.device_memory():
+            tracker.log_metrics({safe_name(f"peak_memory_mb/{device}"): round(mib, 1) for device, mib in memory.items()})
         if not table.empty:  # each method's headline figures on the parent too, where MLflow's runs table shows them as columns
             headline = parent_headline(table)
             tracker.log_metrics(headline)
@@ -370,6 +384,25 @@ def peak_memory_mb() -> float:
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         return torch.cuda.max_memory_allocated() / 2**20
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def peak_memory_by_device(devices: list[str], on_disk: int = 0) -> dict[str, float]:
+    """MiB at its peak on each device the target used: a GPU's allocator peak, the process's resident set for
+    the CPU, and for the disk the `on_disk` bytes of weights read from there (from the checkpoint's own
+    safetensors files where it can, so the offload folder may hold none of them)."""
+    import resource
+
+    import torch
+
+    out = {}
+    for device in devices:
+        if device.startswith("cuda"):
+            out[device] = torch.cuda.max_memory_allocated(torch.device(device)) / 2**20
+        elif device == "cpu":
+            out[device] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        elif device == "disk":
+            out[device] = on_disk / 2**20
+    return out
 
 
 # The parent run's headline columns in MLflow's runs table, per method and task: short names that a header shows whole

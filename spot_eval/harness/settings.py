@@ -53,6 +53,19 @@ class TargetSettings:
                                  "draft-free bit for bit in any dtype")
     threads: int | None = setting(None, "torch CPU threads (1 on a machine shared with other work)",
                                   unset="torch's choice, one per core")
+    # Spreading one target over several devices, under lm-eval's hf model's names (spot_eval.harness.placement).
+    parallelize: bool = setting(False, "spread the target's layers over the GPUs (accelerate's device_map=auto), as "
+                                       "lm-eval's hf model does; under accelerate launch each of N processes takes "
+                                       "every N-th GPU")
+    device_map: str | None = setting(None, "where each layer goes: a strategy (auto, balanced, balanced_low_0, "
+                                           "sequential), module:device pairs joined by + (devices: cpu, disk, N or "
+                                           "cuda:N), or a JSON file of that map", unset="the whole target on device")
+    max_memory_per_gpu: str | None = setting(None, "the most of the weights each GPU holds (20GiB, 80GB) under "
+                                                   "parallelize or a strategy", unset="what is free on each")
+    max_cpu_memory: str | None = setting(None, "the most of the weights the CPU holds before the rest goes to disk",
+                                         unset="what is free")
+    offload_folder: str | None = setting(None, "where the weights no device holds are kept (disk offload, read in "
+                                               "layer by layer)", unset="none: a map that needs the disk is refused")
 
 
 @dataclass(frozen=True)
