@@ -15,7 +15,8 @@ method's tokens are checked against draft-free. The items are test items --first
 task (by default past the ones the committed comparison decodes). Prints one JSON line per row, then a verdict line per
 (T, policy, budget): which of the trained and the training-free drafter saved more forwards, task by task.
 
-Usage: python bench/peers.py [--prompts 40] [--first 40] [--gen 128] [--budgets 4+8] [--tasks gsm8k+mbpp] [--threads 1]
+Usage: python bench/peers.py [--prompts 40] [--first 40] [--gen 128] [--budgets 4+8] [--tasks gsm8k+mbpp] [--temperatures 0+1]
+           [--policies single+threshold] [--threads 1]
 """
 
 from __future__ import annotations
@@ -49,6 +50,8 @@ def methods(target, policy: str, budgets: list[int], temperature: float) -> dict
     for n in budgets:
         out[f"{TRAINED[policy]}@{n}"] = n, build_drafter(MethodSpec(TRAINED[policy], n), target, policy, threshold=0.9)
         out[f"freedave@{n}"] = n, build_drafter(MethodSpec("freedave", n), target, policy)
+        if policy == "single":  # SPOT's tree with the chain grafted in (spot.drafters.hybrid)
+            out[f"hybrid@{n}"] = n, build_drafter(MethodSpec("hybrid", n), target, policy)
         if temperature > 0:
             out[f"freedave_reused@{n}"] = n, build_drafter(MethodSpec("freedave_reused", n), target, policy)
         out[f"oracle@{n}"] = n, None
@@ -136,6 +139,7 @@ def main() -> None:
     parser.add_argument("--budgets", default="4+8")
     parser.add_argument("--tasks", default="+".join(TASKS))
     parser.add_argument("--temperatures", default="0+1")
+    parser.add_argument("--policies", default="+".join(TRAINED), help="single, threshold or both (+-joined)")
     parser.add_argument("--threads", type=int, default=None)
     args = parser.parse_args()
     torch.set_grad_enabled(False)
@@ -147,7 +151,7 @@ def main() -> None:
     for task in args.tasks.split("+"):
         prompts = [encode_prompt(target, p, chat=True) for p in prompts_for(task, args.prompts, args.first)]
         for temperature in (float(t) for t in args.temperatures.split("+")):
-            for policy in TRAINED:
+            for policy in args.policies.split("+"):
                 samples += measure(target, prompts, f"spot_{task}", policy, temperature, budgets, args.gen, args.first)
     summary = rows(pd.DataFrame(samples))
     for row in summary:

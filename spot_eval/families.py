@@ -73,6 +73,12 @@ def _spot_gamma(b: Build) -> Drafter:
     return _spot(b, "spot_gamma")
 
 
+def _hybrid(b: Build) -> Drafter:
+    from spot.drafters.hybrid import HybridDrafter
+
+    return HybridDrafter(_spot(b))
+
+
 def _sets(b: Build) -> Drafter:
     """SPOT-Sets' drafter (sets_max: the same drafter under max-commit acceptance, Method.acceptance)."""
     from spot.drafters.sets import SetsDrafter
@@ -98,6 +104,8 @@ FAMILIES = (
            cost="trajectories and a trained order model (spot-eval collect, train-drafter)"),
     Method("spot_gamma", _spot_gamma, "SPOT-γ", "#009E73", (ORDER_MODEL,), auto=True,
            cost="SPOT's, and fitted exponents (spot-eval fit-gamma)"),
+    Method("hybrid", _hybrid, "SPOT + FreeDave", "#56B4E9", (ORDER_MODEL,), hatch="xx",
+           cost="SPOT's: its order model, with the FreeDave chain grafted in"),
     Method("sets", _sets, "SPOT-Sets", "#CC79A7", (SET_MODEL, SET_PREDICTOR),
            cost="threshold trajectories with hidden states and a trained set model (spot-eval collect, train-sets)"),
     Method("sets_max", _sets, "SPOT-Sets (max-commit)", "#D55E00", (SET_MODEL, SET_PREDICTOR), acceptance="max_commit",

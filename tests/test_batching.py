@@ -25,6 +25,7 @@ from spot import DecodeConfig, Request, Sampling, generate, generate_batch, gene
 from spot.drafters import AdversarialDrafter, OracleDrafter, RandomDrafter
 from spot.drafters.base import DraftContext
 from spot.drafters.freedave import FreeDaveDrafter
+from spot.drafters.hybrid import HybridDrafter
 from spot.drafters.order_model import OrderModel
 from spot.drafters.sets import SetsDrafter, StaleSets
 from spot.drafters.spiffy import SpiffyDrafter
@@ -106,7 +107,8 @@ def test_every_drafter_is_lossless_and_batch_invariant(name, temperature):
     torch.manual_seed(0)
     spot = SpotDrafter(OrderModel(), gate=0.9)
     drafters = [lambda ref: OracleDrafter(ref.trajectory), lambda ref: AdversarialDrafter(ref.trajectory, VOCAB),
-                lambda ref: RandomDrafter(VOCAB, seed=2), lambda ref: spot, lambda ref: FreeDaveDrafter()]
+                lambda ref: RandomDrafter(VOCAB, seed=2), lambda ref: spot, lambda ref: FreeDaveDrafter(),
+                lambda ref: HybridDrafter(spot)]
     if name == "sdar":  # Spiffy's graph calibrated on this target (test_spiffy covers the other families at batch 1)
         graph = calibrated(target, 16, "single")
         drafters.append(lambda ref: SpiffyDrafter(graph, prune_to=3))

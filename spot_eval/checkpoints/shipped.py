@@ -21,14 +21,14 @@ DRAFTERS = ASSETS / "drafters"
 _SPOT = {"single": "spot_b{k}.pt", "threshold": "spot_threshold_b{k}.pt"}
 _SETS = {"threshold": "sets_b{k}.pt"}
 _SPIFFY = {"single": "spiffy_b{k}.json", "threshold": "spiffy_threshold_b{k}.json"}  # Spiffy v1 and v4 verify one graph
-_DRAFTER_FILES = {"spot": _SPOT, "spot_gamma": _SPOT, "spiffy": _SPIFFY, "spiffy_v1": _SPIFFY, "sets": _SETS, "sets_max": _SETS}
+_DRAFTER_FILES = {"spot": _SPOT, "spot_gamma": _SPOT, "hybrid": _SPOT, "spiffy": _SPIFFY, "spiffy_v1": _SPIFFY, "sets": _SETS, "sets_max": _SETS}
 
 
 def shipped_drafter(method: str, block_length: int, policy: str = "single") -> Path | None:
     """The shipped drafter file of `method` for `block_length` under `policy` (it may not exist: see `exists()`),
     None when the method ships no file for that policy.
 
-    SPOT and SPOT-gamma share one checkpoint (SPOT-gamma reads the fitted gamma stored in it); SPOT-Sets and its
+    SPOT, SPOT-gamma and the hybrid share one checkpoint (SPOT-gamma reads the fitted gamma stored in it); SPOT-Sets and its
     max-commit variant one set model."""
     if method not in _DRAFTER_FILES:
         raise ValueError(f"no drafter ships for method {method!r}; shipped methods: {', '.join(_DRAFTER_FILES)}")
