@@ -76,7 +76,7 @@ def _spot_gamma(b: Build) -> Drafter:
 def _hybrid(b: Build) -> Drafter:
     from spot.drafters.hybrid import HybridDrafter
 
-    return HybridDrafter(_spot(b))
+    return HybridDrafter(_spot(b))  # calibrated: SPOT's reach beside the chain's rate on the request
 
 
 def _sets(b: Build) -> Drafter:
@@ -105,7 +105,7 @@ FAMILIES = (
     Method("spot_gamma", _spot_gamma, "SPOT-γ", "#009E73", (ORDER_MODEL,), auto=True,
            cost="SPOT's, and fitted exponents (spot-eval fit-gamma)"),
     Method("hybrid", _hybrid, "SPOT + FreeDave", "#56B4E9", (ORDER_MODEL,), hatch="xx",
-           cost="SPOT's: its order model, with the FreeDave chain grafted in"),
+           cost="SPOT's, with its reach calibration (spot-eval calibrate-reach): the FreeDave chain joins its tree"),
     Method("sets", _sets, "SPOT-Sets", "#CC79A7", (SET_MODEL, SET_PREDICTOR),
            cost="threshold trajectories with hidden states and a trained set model (spot-eval collect, train-sets)"),
     Method("sets_max", _sets, "SPOT-Sets (max-commit)", "#D55E00", (SET_MODEL, SET_PREDICTOR), acceptance="max_commit",

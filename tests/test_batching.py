@@ -27,6 +27,7 @@ from spot.drafters.base import DraftContext
 from spot.drafters.freedave import FreeDaveDrafter
 from spot.drafters.hybrid import HybridDrafter
 from spot.drafters.order_model import OrderModel
+from spot.drafters.reach import ReachCalibration, ReachMap
 from spot.drafters.sets import SetsDrafter, StaleSets
 from spot.drafters.spiffy import SpiffyDrafter
 from spot.drafters.spot import SpotDrafter
@@ -51,6 +52,7 @@ def family(name: str, dtype: torch.dtype = torch.float32):
     return DualCacheTarget(tiny_llada(seed=5, dtype=dtype), MASK, eos, 16, cache=name.removeprefix("llada_"))
 
 
+REACH = ReachCalibration((1, 2), (ReachMap((-4.0, 0.0), (0.2, 0.9)), ReachMap((-8.0, 0.0), (0.02, 0.5))), (0.7, 0.3, 0.1))
 FAMILIES = ["sdar", "sdar_moe", "llada2", "llada_dual", "llada_prefix", "llada_none", "llada_nosuffix", "dream"]
 
 
@@ -106,9 +108,10 @@ def test_every_drafter_is_lossless_and_batch_invariant(name, temperature):
     references = [generate(target, r.prompt_ids, r.config, request=r.number, decode=words, record=True) for r in requests]
     torch.manual_seed(0)
     spot = SpotDrafter(OrderModel(), gate=0.9)
+    calibrated_spot = SpotDrafter(spot.model, gate=0.9, reach=REACH)  # the hybrid weighs its nodes by their reach
     drafters = [lambda ref: OracleDrafter(ref.trajectory), lambda ref: AdversarialDrafter(ref.trajectory, VOCAB),
                 lambda ref: RandomDrafter(VOCAB, seed=2), lambda ref: spot, lambda ref: FreeDaveDrafter(),
-                lambda ref: HybridDrafter(spot)]
+                lambda ref: HybridDrafter(calibrated_spot)]
     if name == "sdar":  # Spiffy's graph calibrated on this target (test_spiffy covers the other families at batch 1)
         graph = calibrated(target, 16, "single")
         drafters.append(lambda ref: SpiffyDrafter(graph, prune_to=3))
