@@ -23,11 +23,11 @@ LM_EVAL=${LM_EVAL:-lm_eval}
 if [ "${1:-}" = "--dry-run" ]; then
   DEVICE=cpu PIECES=1+2+3 SDAR="--layers 1 --width-divisor 32" LLADA2="--layers 2 --width-divisor 32" CONTEXT=64 REPEATS=1
   EXACTNESS="--prompts 1 --gen 32 --pieces 2 --repeats 1" LIMIT=1 MAX_GEN=16 BATCHING="--prompts 2 --gen 16 --sizes 1+2 --repeats 1"
-  PLACEMENT="--prompts 1 --repeats 1 --gen-length 16 --budget 2"
+  PLACEMENT="--dtype float32 --prompts 1 --repeats 1 --gen-length 16 --budget 2"
 else
   DEVICE=cuda PIECES=1+2+3+4+5+7+9+11+13+15+17+19+21 SDAR="--layers 12" LLADA2="--layers 6" CONTEXT=512 REPEATS=9
   EXACTNESS="--prompts 8 --gen 128 --pieces 2+9+21" LIMIT=10 MAX_GEN=256 BATCHING="--prompts 8 --gen 128 --sizes 1+2+4+8 --repeats 1"
-  PLACEMENT="--prompts 6 --repeats 3 --gen-length 128"
+  PLACEMENT="--dtype bfloat16 --prompts 6 --repeats 3 --gen-length 128"
 fi
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 PYTHONUNBUFFERED=1
 # The bench steps run one after another in one Python process (bench/steps.py). A step that fails is reported
@@ -40,7 +40,7 @@ $PY bench/steps.py \
   "exactness of the two layouts" "verify_exactness.py --device $DEVICE --dtype bfloat16 $EXACTNESS" \
   "budget=auto's inputs" "auto_cost.py --device $DEVICE --dtype bfloat16 --exact --remeasure" \
   "batched decoding" "batching.py --device $DEVICE --dtype bfloat16 --exact $BATCHING" \
-  "a target spread by a device map" "placement_overhead.py --device $DEVICE --dtype bfloat16 $PLACEMENT" || status=1
+  "a target spread by a device map" "placement_overhead.py --device $DEVICE $PLACEMENT" || status=1
 echo "device_check: the four-task benchmark" >&2
 RUN=$(mktemp -d)
 trap 'rm -rf "$RUN"' EXIT

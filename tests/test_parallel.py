@@ -114,6 +114,8 @@ def test_two_processes_give_the_one_process_evaluation(tmp_path, capsys, monkeyp
     children = client.search_runs([experiment], f"tags.mlflow.parentRunId = '{parents[0].info.run_id}'")
     assert sorted(c.info.run_name for c in children) == ["draft_free", "spiffy@3", "spot@8"]
     assert children[0].data.metrics["spot_gsm8k/requests"] == 3.0  # padding never counts
+    memory = json.loads((two / "run" / "run.json").read_text())["peak_memory_mb_by_device"]
+    assert sorted(memory) == ["rank0/cpu", "rank1/cpu"] and min(memory.values()) > 0  # each rank's, gathered
     # --use_cache keeps one cache per rank; a rerun (after a crash, say) takes every finished request from it.
     # This time rank 0 cannot reach the MLflow server: it spools, and `spot-eval sync` replays the run.
     assert sorted(p.name for p in two.glob("cache*.db")) == ["cache_rank0.db", "cache_rank1.db"]

@@ -223,7 +223,7 @@ def test_lm_eval_decodes_a_target_split_over_cpu_and_disk_as_the_whole_one(tmp_p
         args = (f"pretrained={checkpoint},methods=oracle@4+freedave@4,gen_length=32,device=cpu,"
                 f"mlflow_tracking_uri=sqlite:///{tmp_path / 'mlflow.db'},output_dir={tmp_path / name}{extra}")
         run = run_lm_eval_here(capsys, "--model", "spot", "--model_args", args, "--tasks", "spot_gsm8k",
-                               "--include_path", str(ROOT / "tasks"), "--limit", "2", cwd=tmp_path)
+                               "--include_path", str(ROOT / "tasks"), "--limit", "1", cwd=tmp_path)
         assert run.returncode == 0, run.stderr[-2000:]
         runs[name] = [(r["doc_id"], r["label"], r["token_ids"], r["forwards"], r["lossless"])
                       for r in map(json.loads, (tmp_path / name / "samples.jsonl").read_text().splitlines())]
