@@ -205,11 +205,11 @@ def _placement(args: argparse.Namespace) -> None:
     else:
         if args.gpus < 1 or target.max_memory_per_gpu is None:
             raise ValueError("--gpus N plans for N GPUs of --max-memory-per-gpu each: give both (N >= 1)")
+        import logging
+
         from spot_eval.harness.placement import parse_size
 
         device = "cuda:0"
-        import logging
-
         logging.getLogger("accelerate.utils.modeling").setLevel(logging.ERROR)  # "device N is not available": planned
         cpu = parse_size("--max-cpu-memory", target.max_cpu_memory) if target.max_cpu_memory else 0
         free = {"cpu": cpu}

@@ -157,7 +157,7 @@ def embedded():
     ({"device_map": "nowhere.json"}, "cpu", 0, "device_map=nowhere.json: no such file"),
     ({"device_map": "sequential", "max_cpu_memory": "10MB"}, "cpu", 0, r"keeps 3 module\(s\) on disk .*give offload_folder=DIR"),
     ({"device_map": "sequential", "max_cpu_memory": "lots"}, "cpu", 0, "max_cpu_memory='lots' is not a size"),
-    ({"device_map": "sequential", "offload_folder": "FILE/offload"}, "cpu", 0, "offload_folder=.* cannot be written"),
+    ({"device_map": "sequential", "offload_folder": "FILE/offload"}, "cpu", 0, "offload_folder=.* cannot be created: .*FILE is not a writable directory"),
     ({"parallelize": True, "max_memory_per_gpu": "1MB"}, "cuda:0", 2,
      r"max_memory_per_gpu=1MB holds no layer of this target: model.layers.0 alone takes 3.0 MiB in float32"),
 ])

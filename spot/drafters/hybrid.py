@@ -64,13 +64,14 @@ class HybridDrafter:
         chain = self.chain.draft(ctx)
         rate.remember(ctx, chain)
         union = merge(chain, spot, chain.size + spot.size)
-        reach = dict.fromkeys(range(union.states.shape[0]), 0.0)
+        index = {_key(s): i for i, s in enumerate(union.states)}
+        reach = [0.0] * len(index)  # a state both propose: the likelier source's chance
         spot_reach = spot.reach or (1.0,)  # a block's first step: the root alone, uncalibrated
         for tree, probs in ((chain, [1.0, *(rate.at(d) for d in range(1, chain.size + 1))]), (spot, spot_reach)):
-            index = {_key(s): i for i, s in enumerate(union.states)}
             for state, p in zip(tree.states, probs, strict=True):
-                reach[index[_key(state)]] = max(reach[index[_key(state)]], p)
-        return select(union, [reach[i] for i in range(len(reach))], ctx.budget)
+                i = index[_key(state)]
+                reach[i] = max(reach[i], p)
+        return select(union, reach, ctx.budget)
 
 
 @dataclass

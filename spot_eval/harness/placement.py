@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from spot.targets.placement import STRATEGIES, Placement
+from spot_eval.harness.settings import check_output_dir
 
 if TYPE_CHECKING:
     import torch
@@ -111,19 +111,6 @@ def gpu_share(gpus: int, local_processes: int, local_rank: int) -> tuple[int, ..
     return tuple(k for k in range(gpus) if k % local_processes == local_rank)
 
 
-def check_offload_folder(value: str) -> None:
-    """The folder can be written (tried with a probe that is removed again); nothing is left behind."""
-    path = Path(value)
-    existing = next(p for p in (path, *path.absolute().parents) if p.exists())
-    try:
-        if not existing.is_dir():
-            raise NotADirectoryError(str(existing))
-        os.rmdir(tempfile.mkdtemp(prefix=".spot-eval-probe-", dir=existing))
-    except OSError as err:
-        raise ValueError(f"offload_folder={value} cannot be written: {existing} is not a writable directory "
-                         f"({err.strerror or type(err).__name__}); name a folder on a disk with room for the weights") from None
-
-
 def _free_memory() -> dict[str | int, int]:
     """Free bytes of each visible GPU (by index) and of the CPU, as transformers' loading counts them."""
     from transformers.integrations.accelerate import get_max_memory
@@ -153,8 +140,7 @@ def plan_placement(settings: object, device: str, checkpoint: Checkpoint, dtype:
     device_map = parse_device_map(settings.device_map) if settings.device_map else "auto"
     per_gpu = None if settings.max_memory_per_gpu is None else parse_size("max_memory_per_gpu", settings.max_memory_per_gpu)
     cpu = None if settings.max_cpu_memory is None else parse_size("max_cpu_memory", settings.max_cpu_memory)
-    if settings.offload_folder is not None:
-        check_offload_folder(settings.offload_folder)
+    check_output_dir("offload_folder", settings.offload_folder)
     if isinstance(device_map, tuple):
         for module, where in device_map:
             if isinstance(where, int) and where >= gpus:

@@ -375,14 +375,18 @@ PEAK_MEMORY = "spot_eval.peak_memory_mb"
 
 
 def peak_memory_mb() -> float:
-    """The process's peak memory: the CUDA allocator's peak where the run used a GPU, else the resident set's
-    (Linux reports KiB)."""
-    import resource
-
+    """The process's peak memory: the CUDA allocator's peak where the run used a GPU, else the resident set's."""
     import torch
 
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         return torch.cuda.max_memory_allocated() / 2**20
+    return resident_peak_mb()
+
+
+def resident_peak_mb() -> float:
+    """The process's peak resident set (Linux reports KiB)."""
+    import resource
+
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
@@ -390,8 +394,6 @@ def peak_memory_by_device(devices: list[str], on_disk: int = 0) -> dict[str, flo
     """MiB at its peak on each device the target used: a GPU's allocator peak, the process's resident set for
     the CPU, and for the disk the `on_disk` bytes of weights read from there (from the checkpoint's own
     safetensors files where it can, so the offload folder may hold none of them)."""
-    import resource
-
     import torch
 
     out = {}
@@ -399,7 +401,7 @@ def peak_memory_by_device(devices: list[str], on_disk: int = 0) -> dict[str, flo
         if device.startswith("cuda"):
             out[device] = torch.cuda.max_memory_allocated(torch.device(device)) / 2**20
         elif device == "cpu":
-            out[device] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+            out[device] = resident_peak_mb()
         elif device == "disk":
             out[device] = on_disk / 2**20
     return out

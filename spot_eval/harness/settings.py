@@ -187,9 +187,9 @@ def resolve_target(target: TargetSettings) -> tuple[Path, str, torch.dtype]:
 
 
 def check_output_dir(name: str, path: str | Path | None) -> None:
-    """The run directory can be made and written: not an existing file, and under a folder where a directory can
-    really be made (tried, and removed again: permission bits say nothing for root, nor for /proc or a read-only
-    mount)."""
+    """A directory the run makes and writes (the run directory, the offload folder) can be: not an existing file,
+    and under a folder where a directory can really be made (tried, and removed again: permission bits say nothing
+    for root, nor for /proc or a read-only mount). Nothing is left behind."""
     if path is None:
         return
     path = Path(path)
