@@ -265,7 +265,8 @@ def history_page(paths: list[Path]) -> str:
 def suites() -> list[tuple[Path, str, dict]]:
     """The committed comparison's suites: each file, its header comment (how it was run) and its settings."""
     out = []
-    for path in sorted(COMPARISON.glob("*.toml")):
+    # a suite, then the one that continues it (single-t0.toml, single-t0-more.toml)
+    for path in sorted(COMPARISON.glob("*.toml"), key=lambda p: (p.stem.removesuffix("-more"), p.stem)):
         text = path.read_text()
         header = [line.removeprefix("#").removeprefix(" ") for line in text.splitlines()[:40]]
         header = header[:next((i for i, line in enumerate(text.splitlines()) if not line.startswith("#")), len(header))]
@@ -273,21 +274,37 @@ def suites() -> list[tuple[Path, str, dict]]:
     return out
 
 
+def items_cell(s: dict) -> str:
+    """A suite's documents per task: its limit from the first item, or each task's 0-based index range where the
+    suite gives counts per task or starts later (results/comparison/*-more.toml)."""
+    limit, start = s.get("limit", "—"), s.get("start", 0)
+    if not isinstance(limit, dict) and not start:
+        return str(limit)
+    per = lambda value, task: value[task] if isinstance(value, dict) else value  # noqa: E731
+    return ", ".join(f"{task.removeprefix('spot_')} {per(start, task)}-{per(start, task) + per(limit, task) - 1}"
+                     for task in s.get("tasks", []))
+
+
 def suites_section() -> str:
     found = suites()
     if not found:
         return "\nThe suites (`results/comparison/*.toml`) are not committed yet.\n"
-    rows = [[f"`{path.name}`", ", ".join(f"`{t}`" for t in s.get("tasks", [])), s.get("limit", "—"),
+    rows = [[f"`{path.name}`", ", ".join(f"`{t}`" for t in s.get("tasks", [])), items_cell(s),
              ", ".join(f"{t:g}" for t in s.get("temperatures", [])), ", ".join(map(str, s.get("seeds", []))),
-             s.get("gen_length", "—"), f"`{s['model_args']}`" if s.get("model_args") else "—"] for path, _, s in found]
+             s.get("gen_length", "—"), f"`{s['model_args']}`" if s.get("model_args") else "—",
+             "yes" if (COMPARISON / path.stem / "nightly.json").is_file() else "not yet: its results are not committed"]
+            for path, _, s in found]
     # A suite's methods are too many for a table cell: a line each, as the suite's `methods` joins them with `+`.
     methods = "".join(f"- `{path.name}`: " + ", ".join(f"`{m}`" for m in s.get("methods", "").split("+") if m) + "\n"
                       for path, _, s in found)
+    # the header of the first suite that starts at the first item, then of the first that continues one
+    shown = [next(f for f in found if not f[2].get("start")), *[f for f in found if f[2].get("start")][:1]]
+    headers = "".join(f"\nHow they were run, from the header of `{path.relative_to(ROOT).as_posix()}`:\n\n"
+                      f"```text\n{header}\n```\n" for path, header, _ in shown)
     return ("\nThe suites, as committed in `results/comparison/`:\n\n"
-            + table(["suite", "tasks", "limit", "T", "seeds", "gen length", "model_args"], rows)
+            + table(["suite", "tasks", "items", "T", "seeds", "gen length", "model_args", "in the tables below"], rows)
             + "\nTheir methods (the suite's `methods`, joined with `+`):\n\n" + methods
-            + f"\nHow they were run, from the header of `{found[0][0].relative_to(ROOT).as_posix()}`:\n\n"
-            + f"```text\n{found[0][1]}\n```\n\nThen `python docs/generate.py` writes this page and the README's table.\n")
+            + headers + "\nThen `python docs/generate.py` writes this page and the README's table.\n")
 
 
 def comparison_rows() -> list[dict]:

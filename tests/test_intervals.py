@@ -14,6 +14,7 @@ from spot_eval.reports import compare, table2
 from spot_eval.reports.results import (
     Bundle,
     intervals,
+    items_needed,
     mean_interval,
     percentile_interval,
     ratio_replicates,
@@ -75,6 +76,21 @@ def test_a_mean_over_tasks_has_the_interval_of_each_resamples_mean():
     low, high = mean_interval(replicates, ("m@8",), over=0, level=0.5)
     assert (low, high) == pytest.approx(tuple(np.percentile([2.0, 3.0, 4.0], [25, 75])))
     assert np.isnan(percentile_interval(np.array([np.inf, np.nan]))[0])
+
+
+def test_the_items_a_task_needs_come_from_its_widest_interval():
+    # Task a: the widest cell is m@8 at ±10% on 40 items, so ±5% takes four times as many; task b is already narrower
+    # than ±5% and keeps its 50 items.
+    cells = pd.DataFrame([
+        {"task": "a", "label": "m@4", "forward_ratio": 2.0, "forward_low": 1.9, "forward_high": 2.1},
+        {"task": "a", "label": "m@8", "forward_ratio": 2.0, "forward_low": 1.8, "forward_high": 2.2},
+        {"task": "a", "label": "draft_free", "forward_ratio": 1.0, "forward_low": np.nan, "forward_high": np.nan},
+        {"task": "b", "label": "m@8", "forward_ratio": 3.0, "forward_low": 2.97, "forward_high": 3.03},
+    ])
+    plan = items_needed(cells, pd.DataFrame({"task": ["a", "b"], "items": [40, 50]}), ["task"]).set_index("task")
+    assert plan.loc["a", "label"] == "m@8" and plan.loc["a", "half_width"] == pytest.approx(0.10)
+    assert plan.loc["a", "needed"] == 160
+    assert plan.loc["b", "needed"] == 50 and plan.loc["b", "half_width"] == pytest.approx(0.01)
 
 
 def test_the_verdict_cannot_tell_two_methods_whose_intervals_overlap():

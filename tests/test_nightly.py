@@ -145,6 +145,28 @@ def test_a_suites_processes_run_lm_eval_under_accelerate_launch(tmp_path):
     assert Path(lm_eval_command(load_suite(None), 0.0, 0, tmp_path, None)[0]).name == "lm_eval"
 
 
+def test_a_suite_picks_each_tasks_items(tmp_path):
+    """One count for every task from the first item is lm_eval's --limit; counts per task, or a later first item (a
+    suite that extends an earlier one, results/comparison/*-more.toml), are --samples with each task's indices."""
+    suite = replace(load_suite(None), tasks=("a", "b"), limit=3)
+    command = lm_eval_command(suite, 0.0, 0, tmp_path, None)
+    assert command[command.index("--limit") + 1] == "3" and "--samples" not in command
+    for limit, start, picked in [({"a": 2, "b": 1}, 0, {"a": [0, 1], "b": [0]}),
+                                 ({"a": 2, "b": 1}, 40, {"a": [40, 41], "b": [40]}),
+                                 (2, {"a": 5, "b": 0}, {"a": [5, 6], "b": [0, 1]})]:
+        command = lm_eval_command(replace(suite, limit=limit, start=start), 0.0, 0, tmp_path, None)
+        assert json.loads(command[command.index("--samples") + 1]) == picked and "--limit" not in command
+    with pytest.raises(NightlyError, match=r"limit names tasks \['a'\] but the suite runs \['a', 'b'\]"):
+        replace(suite, limit={"a": 2})
+    with pytest.raises(NightlyError, match="start must be >= 0"):
+        replace(suite, start=-1)
+    with pytest.raises(NightlyError, match="limit, gen_length.* must be >= 1"):
+        replace(suite, limit={"a": 0, "b": 1})
+    for name in ("single-t0", "threshold-t1"):  # the committed extensions load and start where their suites end
+        more, first = load_suite(REPO / f"results/comparison/{name}-more.toml"), load_suite(REPO / f"results/comparison/{name}.toml")
+        assert all(more.first(task) == first.count(task) for task in first.tasks)
+
+
 def test_a_suites_batch_size_reaches_lm_eval(tmp_path):
     suite = replace(load_suite(None), batch_size=4)
     command = lm_eval_command(suite, 0.0, 0, tmp_path, None)

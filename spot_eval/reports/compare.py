@@ -16,7 +16,7 @@ import pandas as pd
 
 from spot_eval.reports import plots, table2
 from spot_eval.reports.report import Report, Section, figure_title, header, write
-from spot_eval.reports.results import Bundle, mean_interval, ratio_replicates
+from spot_eval.reports.results import WANTED_HALF_WIDTH, Bundle, items_needed, mean_interval, ratio_replicates
 from spot_eval.reports.table2 import display_name, shown_ratio
 
 SECTION_TITLES = {table2.ANCHOR: "single-commit decoding: ratios over draft-free decoding of the same requests"}
@@ -248,6 +248,20 @@ def means(bundle: Bundle, numbers: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def item_counts(bundle: Bundle, numbers: pd.DataFrame) -> pd.DataFrame:
+    """Per policy, temperature and task: the items decoded, the widest forward interval there and the items that would
+    bring it within ±5% of its ratio (results.items_needed), as the report shows them."""
+    keys = ["policy", "temperature", "task"]
+    items = bundle.samples.groupby(keys).doc_id.nunique().rename("items").reset_index()
+    plan = items_needed(numbers, items, keys)
+    return pd.DataFrame({
+        "policy": plan.policy, "T": plan.temperature.map("{:g}".format), "task": plan.task.str.removeprefix("spot_"),
+        "items": plan["items"], "widest interval": [f"±{w:.1%} ({display_name(label)})" for w, label in
+                                                    zip(plan.half_width, plan.label, strict=True)],
+        f"items for ±{WANTED_HALF_WIDTH:.0%}": plan.needed,
+    })
+
+
 def write_comparison(bundle: Bundle, out_dir: str | Path, date: str | None = None) -> list[Path]:
     """compare.md / compare.html, one CSV per temperature (long form), the means over the tasks with their intervals
     (compare_means.csv) and the figures."""
@@ -276,6 +290,12 @@ def write_comparison(bundle: Bundle, out_dir: str | Path, date: str | None = Non
                                    "that budget, its share of the perfect-order bound: (ratio − 1) / (oracle's − 1). The "
                                    "verdict above reads them.",
                                    tables=(("at each fixed budget", rival_table(against)),), figures=(shown[3],)))
+    sections.append(Section(
+        "Items behind the intervals",
+        "Each interval is a bootstrap over the task's items, and narrows as one over the square root of their number. "
+        "Per task, the widest forward interval of any method, as a share of its ratio, and about how many items would "
+        f"bring it within ±{WANTED_HALF_WIDTH:.0%}: the suites take that many, or the task's whole test split.",
+        tables=(("items per task", item_counts(bundle, numbers)),)))
     sections.append(Section("Speed per task and method", figures=tuple(shown[:2])))
     sections.append(Section("Accepted steps per forward", figures=(shown[2],)))
     accuracy = accuracy_table(bundle)

@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -68,7 +69,7 @@ class Suite:
     experiment: str
     tasks: tuple[str, ...]
     include_path: str
-    limit: int
+    limit: int | dict[str, int]  # documents per task: one count for every task, or {task: count}
     methods: str
     temperatures: tuple[float, ...]
     seeds: tuple[int, ...]
@@ -76,6 +77,9 @@ class Suite:
     model_args: str = ""
     num_processes: int = 1  # > 1: each lm_eval runs under `accelerate launch` on this many processes
     batch_size: int = 1  # requests each lm_eval decodes at once (--batch_size; docs/guides/batching.md)
+    # The first document of each task (one index, or {task: index}): a suite that extends an earlier one to more
+    # items decodes only the new ones, and `spot-eval compare` pools both (results/comparison/).
+    start: int | dict[str, int] = 0
     trend_window: int = 14
     tolerances: Tolerances = Tolerances()
 
@@ -84,11 +88,35 @@ class Suite:
             raise NightlyError("a suite needs at least one task, temperature and seed")
         if not re.fullmatch(r"[A-Za-z0-9_.-]+", self.name):
             raise NightlyError(f"suite name {self.name!r}: use letters, digits, '_', '.' and '-' (it tags the MLflow runs)")
-        if min(self.limit, self.gen_length, self.trend_window, self.num_processes, self.batch_size) < 1:
+        for key in ("limit", "start"):
+            value = getattr(self, key)
+            if isinstance(value, dict) and set(value) != set(self.tasks):
+                raise NightlyError(
+                    f"{key} names tasks {sorted(value)} but the suite runs {sorted(self.tasks)}: give every task of "
+                    f"the suite a {key} (or one number for all)"
+                )
+        counts = [self.count(task) for task in self.tasks]
+        if min(*counts, self.gen_length, self.trend_window, self.num_processes, self.batch_size) < 1:
             raise NightlyError(
                 f"limit, gen_length, trend_window, num_processes and batch_size must be >= 1 (got {self.limit}, "
                 f"{self.gen_length}, {self.trend_window}, {self.num_processes}, {self.batch_size})"
             )
+        if min(self.first(task) for task in self.tasks) < 0:
+            raise NightlyError(f"start must be >= 0 (got {self.start}): it is the index of a task's first document")
+
+    def count(self, task: str) -> int:
+        return self.limit[task] if isinstance(self.limit, dict) else self.limit
+
+    def first(self, task: str) -> int:
+        return self.start[task] if isinstance(self.start, dict) else self.start
+
+    def documents(self) -> list[str]:
+        """lm_eval's arguments that pick the documents: `--limit N` where every task starts at its first document and
+        takes as many, else `--samples` with each task's indices."""
+        if not isinstance(self.limit, dict) and not self.start:
+            return ["--limit", str(self.limit)]
+        chosen = {task: list(range(self.first(task), self.first(task) + self.count(task))) for task in self.tasks}
+        return ["--samples", json.dumps(chosen, separators=(",", ":"))]
 
 
 def load_suite(path: str | Path | None) -> Suite:
@@ -144,7 +172,7 @@ def lm_eval_command(suite: Suite, temperature: float, seed: int, run_dir: Path, 
     return [
         *lm_eval_executable(suite), "--model", "spot", "--model_args", model_args, "--tasks", ",".join(suite.tasks),
         "--include_path", suite.include_path, "--apply_chat_template", "--confirm_run_unsafe_code",
-        "--limit", str(suite.limit), "--log_samples", "--output_path", str(run_dir / "lm_eval"),
+        *suite.documents(), "--log_samples", "--output_path", str(run_dir / "lm_eval"),
         # A task's max_gen_toks wins over the model's gen_length (lm-eval's rule): the suite's length caps every task.
         "--gen_kwargs", f"max_gen_toks={suite.gen_length}", "--batch_size", str(suite.batch_size),
         # every decoded request kept as it finishes: an interrupted run resumes where it stopped (spot_eval.harness.lm)
@@ -364,7 +392,8 @@ def _log_nightly(suite: Suite, tracking_uri: str | None, date: str, table: pd.Da
         warnings.simplefilter("always")
         tracker = open_tracker(TrackingConfig(tracking_uri, suite.experiment, run_name=f"nightly {date}"))
     tracker.set_tags({KIND_TAG: "nightly", REGRESSION_TAG: str(regressed).lower(), SUITE_TAG: suite.name})
-    tracker.log_params({"suite": suite.name, "tasks": ",".join(suite.tasks), "limit": suite.limit, "methods": suite.methods,
+    tracker.log_params({"suite": suite.name, "tasks": ",".join(suite.tasks), "limit": str(suite.limit),
+                        "start": str(suite.start), "methods": suite.methods,
                         "temperatures": ",".join(f"{t:g}" for t in suite.temperatures),
                         "seeds": ",".join(map(str, suite.seeds)), "gen_length": suite.gen_length})
     metrics = {"regressions": float(len(findings))}

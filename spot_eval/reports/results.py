@@ -388,6 +388,25 @@ def intervals(samples: pd.DataFrame, keys: list[str], anchor: str | None = None,
     return pd.DataFrame(rows)
 
 
+WANTED_HALF_WIDTH = 0.05  # the comparison's aim: each cell's 95% forward interval within about ±5% of its ratio
+
+
+def items_needed(cells: pd.DataFrame, items: pd.DataFrame, keys: list[str],
+                 half_width: float = WANTED_HALF_WIDTH) -> pd.DataFrame:
+    """Per `keys` (the task among them): the widest forward interval of any method there, as a share of its ratio,
+    and about how many items would bring it within ±`half_width`: a bootstrap interval narrows as one over the square
+    root of the items, so n (w / half_width)^2, never fewer than the n it has.
+
+    cells: keys, label, forward_ratio, forward_low, forward_high (Table 2's numbers); items: keys and items (the
+    documents each group decoded). Returns keys, label (the widest cell's method), items, half_width and needed."""
+    cells = cells.assign(half_width=(cells.forward_high - cells.forward_low) / 2 / cells.forward_ratio)
+    widest = cells.dropna(subset=["half_width"]).sort_values("half_width", kind="stable").groupby(keys).tail(1)
+    widest = widest.merge(items[[*keys, "items"]], on=keys)
+    wanted = (widest["items"] * (widest.half_width / half_width) ** 2).round(6)  # 160.00000000000003 is 160 items
+    widest["needed"] = np.maximum(widest["items"], np.ceil(wanted)).astype(int)
+    return widest[[*keys, "label", "items", "half_width", "needed"]].sort_values(keys).reset_index(drop=True)
+
+
 def percentile_interval(values: np.ndarray, level: float = 0.95) -> tuple[float, float]:
     """The central `level` interval of bootstrap replicates (NaN where no replicate is finite)."""
     finite = values[np.isfinite(values)]
