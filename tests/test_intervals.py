@@ -13,6 +13,8 @@ from test_regression import sample
 from spot_eval.reports import compare, table2
 from spot_eval.reports.results import (
     Bundle,
+    ResultsError,
+    combine,
     intervals,
     items_needed,
     mean_interval,
@@ -91,6 +93,18 @@ def test_the_items_a_task_needs_come_from_its_widest_interval():
     assert plan.loc["a", "label"] == "m@8" and plan.loc["a", "half_width"] == pytest.approx(0.10)
     assert plan.loc["a", "needed"] == 160
     assert plan.loc["b", "needed"] == 50 and plan.loc["b", "half_width"] == pytest.approx(0.01)
+
+
+def test_a_suite_and_its_continuation_pool_their_items_and_a_request_counts_once():
+    def part(docs):
+        rows = [sample("t", d, label, forwards, 1.0) for d in docs for label, forwards in (("draft_free", 100), ("m@8", 40))]
+        return Bundle(dict(SETTINGS), [{"temperature": 0.0, "seed": 0}], pd.DataFrame(rows), pd.DataFrame(), pd.DataFrame())
+
+    pooled = combine([part(range(2)), part(range(2, 5))])
+    assert sorted(pooled.samples.doc_id.unique()) == [0, 1, 2, 3, 4]
+    assert summarize(pooled.samples, ["task"]).set_index("label").loc["m@8", "requests"] == 5
+    with pytest.raises(ResultsError, match=r"2 requests are in more than one .* t document 1, draft_free"):
+        combine([part(range(2)), part(range(1, 3))])
 
 
 def test_the_verdict_cannot_tell_two_methods_whose_intervals_overlap():

@@ -158,10 +158,22 @@ def combine(bundles: list[Bundle]) -> Bundle:
     if not bundles:
         raise ResultsError("no results to combine")
     check_settings([b.settings for b in bundles], [r.get("dir", "?") for b in bundles for r in b.runs[:1]])
+    samples = pd.concat([b.samples for b in bundles], ignore_index=True)
+    # Bundles that extend each other (results/comparison/*-more.toml) pool their items; one request counted twice
+    # would weigh its item double in every sum and interval.
+    request = [k for k in ("policy", "temperature", "seed", "task", "doc_id", "repeat", "label") if k in samples.columns]
+    twice = samples[samples.duplicated(request)]
+    if len(bundles) > 1 and not twice.empty:
+        first = twice.iloc[0]
+        raise ResultsError(
+            f"{len(twice)} requests are in more than one of the results given (e.g. {first['task']} document "
+            f"{first['doc_id']}, {first['label']}, T = {first['temperature']:g}, seed {first['seed']}): pass each run's "
+            "results once, and extend a suite with one that starts after its items (a suite's start)"
+        )
     return Bundle(
         settings=bundles[0].settings,
         runs=[r for b in bundles for r in b.runs],
-        samples=pd.concat([b.samples for b in bundles], ignore_index=True),
+        samples=samples,
         outcomes=pd.concat([b.outcomes for b in bundles], ignore_index=True),
         accuracy=pd.concat([b.accuracy for b in bundles], ignore_index=True),
         created=time.strftime("%Y-%m-%dT%H:%M:%S"),
