@@ -1,6 +1,6 @@
 """The lossless rivals side by side: forwards saved at equal pieces per verify, and wall clock, on every task.
 
-SPOT against the FreeDave chain under single-commit decoding, and SPOT-Sets against FreeDave++ (the chain on
+SPOT (and SPOT-R, its refreshed-token tree) against the FreeDave chain under single-commit decoding, and SPOT-Sets against FreeDave++ (the chain on
 threshold decoding, tau 0.9), each at the same budgets (N drafted states beside the root: N + 1 pieces a verify),
 with the oracle drafter (the true future: N + 1 steps a verify) as the ceiling, on the embedded target at T = 0
 and T = 1; and Spiffy v4 and v1 at D* = 3 on the same graph. At T = 1 FreeDave's own sampling rule runs too (`freedave_reused`: the last forward's sample reused at
@@ -16,7 +16,7 @@ task (by default past the ones the committed comparison decodes). Prints one JSO
 (T, policy, budget): which of the trained and the training-free drafter saved more forwards, task by task.
 
 Usage: python bench/peers.py [--prompts 40] [--first 40] [--gen 128] [--budgets 4+8] [--tasks gsm8k+mbpp] [--temperatures 0+1]
-           [--policies single+threshold] [--threads 1]
+           [--policies single+threshold] [--methods spot+spot_r+freedave+oracle] [--threads 1]
 """
 
 from __future__ import annotations
@@ -42,30 +42,31 @@ TRAINED = {"single": "spot", "threshold": "sets"}  # the trained drafter each po
 SPIFFY_D = 3  # Spiffy's D*, its paper's default
 
 
-def methods(target, policy: str, budgets: list[int], temperature: float) -> dict[str, tuple[int, object | None]]:
+def methods(target, policy: str, budgets: list[int], temperature: float, only: set[str] | None = None) -> dict[str, tuple[int, object | None]]:
     """label -> (budget, drafter), built once for every prompt; None for the oracle, which reads each prompt's own
-    draft-free trajectory."""
+    draft-free trajectory. `only`: the method names to keep (None: all)."""
     # Spiffy at its paper's D* = 3: v4's online pruning against v1's calibrated order, on the same graph.
     out = {f"{name}@{SPIFFY_D}": (SPIFFY_D, build_drafter(MethodSpec(name, SPIFFY_D), target, policy)) for name in ("spiffy", "spiffy_v1")}
     for n in budgets:
         out[f"{TRAINED[policy]}@{n}"] = n, build_drafter(MethodSpec(TRAINED[policy], n), target, policy, threshold=0.9)
         out[f"freedave@{n}"] = n, build_drafter(MethodSpec("freedave", n), target, policy)
-        if policy == "single":  # SPOT's tree with the chain grafted in (spot.drafters.hybrid)
+        if policy == "single":  # SPOT's tree with the chain grafted in (spot.drafters.hybrid), and with refreshed tokens
             out[f"hybrid@{n}"] = n, build_drafter(MethodSpec("hybrid", n), target, policy)
+            out[f"spot_r@{n}"] = n, build_drafter(MethodSpec("spot_r", n), target, policy)
         if temperature > 0:
             out[f"freedave_reused@{n}"] = n, build_drafter(MethodSpec("freedave_reused", n), target, policy)
         out[f"oracle@{n}"] = n, None
-    return out
+    return {label: built for label, built in out.items() if only is None or label.split("@")[0] in only}
 
 
 def measure(target, prompts: list[list[int]], task: str, policy: str, temperature: float, budgets: list[int], gen: int,
-            first: int) -> list[dict]:
+            first: int, only: set[str] | None = None) -> list[dict]:
     """One samples row per prompt and method, as a run directory keeps them (spot_eval.reports.results.SAMPLE_FIELDS):
     what `rows` summarises with the reports' own definitions."""
     config = DecodeConfig(policy=policy, threshold=0.9, block_length=target.block_length, gen_length=gen,
                           sampling=Sampling(temperature), seed=1)
     samples = []
-    drafters = methods(target, policy, budgets, temperature)
+    drafters = methods(target, policy, budgets, temperature, only)
     labels = list(drafters)
 
     def sample(label: str, budget: int, got, reference) -> dict:
@@ -141,6 +142,9 @@ def main() -> None:
     parser.add_argument("--temperatures", default="0+1")
     parser.add_argument("--policies", default="+".join(TRAINED), help="single, threshold or both (+-joined)")
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--methods", default=None,
+                        help="the methods to run, +-joined (e.g. spot+spot_r+freedave+oracle; default: all, and the "
+                             "verdict lines need spot or sets, freedave and oracle)")
     args = parser.parse_args()
     torch.set_grad_enabled(False)
     if args.threads:
@@ -152,7 +156,8 @@ def main() -> None:
         prompts = [encode_prompt(target, p, chat=True) for p in prompts_for(task, args.prompts, args.first)]
         for temperature in (float(t) for t in args.temperatures.split("+")):
             for policy in args.policies.split("+"):
-                samples += measure(target, prompts, f"spot_{task}", policy, temperature, budgets, args.gen, args.first)
+                samples += measure(target, prompts, f"spot_{task}", policy, temperature, budgets, args.gen, args.first,
+                                   None if args.methods is None else set(args.methods.split("+")))
     summary = rows(pd.DataFrame(samples))
     for row in summary:
         print(json.dumps(row), flush=True)

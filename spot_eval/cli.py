@@ -304,6 +304,42 @@ def _train_sets(args: argparse.Namespace) -> None:
     print(json.dumps({"out": args.out, **metrics}))
 
 
+def _train_refresh_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--trajectories", required=True,
+                   help="a directory from spot-eval collect --hidden-dims 64 (single-commit, with its projections)")
+    p.add_argument("--order-model", required=True, help="the SPOT drafter (.pt) whose trees the head refreshes")
+    p.add_argument("--out", required=True, help="the SPOT-R drafter (.pt) to write")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--steps", type=int, default=3000, help="optimizer steps")
+    p.add_argument("--batch-size", type=int, default=512)
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--heldout", type=float, default=0.25, help="fraction of the requests held out for the report")
+    _threads_flag(p)
+
+
+def _train_refresh(args: argparse.Namespace) -> None:
+    from tqdm import tqdm
+
+    from spot.drafters.refresh_training import RefreshTrainConfig
+    from spot_eval.training.train_refresh import train_refresh_command
+
+    _set_threads(args)
+    config = RefreshTrainConfig(seed=args.seed, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
+                                heldout_fraction=args.heldout)
+    with tqdm(desc="examples", unit="block", file=sys.stderr) as blocks, tqdm(total=args.steps, desc="training", unit="step",
+                                                                              file=sys.stderr) as steps:
+        def examples(done: int, total: int) -> None:
+            blocks.total = total
+            blocks.update(done - blocks.n)
+
+        def progress(step: int, loss: float) -> None:
+            steps.update(step - steps.n)
+            steps.set_postfix(loss=f"{loss:.3f}", refresh=False)
+
+        metrics = train_refresh_command(args.trajectories, args.order_model, args.out, config, examples, progress)
+    print(json.dumps({"out": args.out, **metrics}))
+
+
 def _train_target_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="output model directory")
     p.add_argument("--seed", type=int, default=0)
@@ -624,6 +660,8 @@ COMMANDS = (
     Command("fit-gamma", "fit SPOT-gamma's per-depth exponents on held-out trajectories", _fit_gamma_flags, _fit_gamma),
     Command("calibrate-reach", "fit the reach calibration budget=auto sizes SPOT's trees by", _calibrate_reach_flags, _calibrate_reach),
     Command("fit-sets", "fit SPOT-Sets' stale set predictor on threshold trajectories", _fit_sets_flags, _fit_sets),
+    Command("train-refresh", "train SPOT-R's refresh head on trajectories with hidden states, beside a SPOT drafter",
+            _train_refresh_flags, _train_refresh),
     Command("train-sets", "train (or --init-from: calibrate) SPOT-Sets' set model on threshold trajectories", _train_sets_flags,
             _train_sets),
     Command("placement", "show how a target's weights would spread over the devices (parallelize, device_map, max "
@@ -657,6 +695,7 @@ DOCS_PAGES = {
     "calibrate-reach": "methods/budget-auto.md#calibrating-a-drafter",
     "fit-sets": "methods/spot-sets.md#training-for-a-new-target",
     "train-sets": "methods/spot-sets.md#training-for-a-new-target",
+    "train-refresh": "methods/spot.md#spot-r-refreshed-tokens",
     "profile": "methods/budget-auto.md#the-verify-cost-profile",
     "placement": "guides/scaling-out.md#targets-larger-than-one-gpu",
     "nightly": "tracking.md#nightly-reports",

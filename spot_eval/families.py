@@ -12,6 +12,7 @@ ORDER_MODEL = FileKind(b"PK", "an order-model checkpoint", ".pt", "train-drafter
 SET_MODEL = FileKind(b"PK", "a set model", ".pt", "train-sets")
 SET_PREDICTOR = FileKind(b"{", "a stale set predictor", ".json", "fit-sets")
 SPIFFY_GRAPH = FileKind(b"{", "a Spiffy graph", ".json", "spiffy-calibrate")
+REFRESH_HEAD = FileKind(b"PK", "a SPOT-R drafter", ".pt", "train-refresh")
 
 
 def _freedave(b: Build) -> Drafter:
@@ -79,6 +80,14 @@ def _hybrid(b: Build) -> Drafter:
     return HybridDrafter(_spot(b))  # calibrated: SPOT's reach beside the chain's rate on the request
 
 
+def _spot_r(b: Build) -> Drafter:
+    from spot.drafters.spot import SpotDrafter
+    from spot_eval.checkpoints.refresh_head import refresh_for_target
+
+    order, tokens = refresh_for_target(b.target, b.policy, b.path)
+    return SpotDrafter(order.model.to(b.target.device), name="spot_r", tokens=tokens)
+
+
 def _sets(b: Build) -> Drafter:
     """SPOT-Sets' drafter (sets_max: the same drafter under max-commit acceptance, Method.acceptance)."""
     from spot.drafters.sets import SetsDrafter
@@ -106,6 +115,9 @@ FAMILIES = (
            cost="SPOT's, and fitted exponents (spot-eval fit-gamma)"),
     Method("hybrid", _hybrid, "SPOT + FreeDave", "#56B4E9", (ORDER_MODEL,), hatch="xx",
            cost="SPOT's, with its reach calibration (spot-eval calibrate-reach): the FreeDave chain joins its tree"),
+    Method("spot_r", _spot_r, "SPOT-R", "#005A8C", (REFRESH_HEAD,), hatch="++",
+           cost="SPOT's, trajectories with hidden states and a trained refresh head (spot-eval collect --hidden-dims, "
+                "train-refresh)"),
     Method("sets", _sets, "SPOT-Sets", "#CC79A7", (SET_MODEL, SET_PREDICTOR),
            cost="threshold trajectories with hidden states and a trained set model (spot-eval collect, train-sets)"),
     Method("sets_max", _sets, "SPOT-Sets (max-commit)", "#D55E00", (SET_MODEL, SET_PREDICTOR), acceptance="max_commit",

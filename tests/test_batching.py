@@ -18,6 +18,7 @@ from conftest import existing_store, run_lm_eval_here, tiny_qwen3, tiny_qwen3_mo
 from test_dual_cache import tiny_dream, tiny_llada
 from test_llada2 import tiny_llada2
 from test_lm import REPO, run_lm_eval
+from test_refresh import refreshed
 from test_set_model import learned
 from test_spiffy import calibrated
 
@@ -115,6 +116,8 @@ def test_every_drafter_is_lossless_and_batch_invariant(name, temperature):
     if name == "sdar":  # Spiffy's graph calibrated on this target (test_spiffy covers the other families at batch 1)
         graph = calibrated(target, 16, "single")
         drafters.append(lambda ref: SpiffyDrafter(graph, prune_to=3))
+        spot_r = refreshed(target, 1, wild=True)  # SPOT-R's head reads each request's own hidden states and nodes
+        drafters.append(lambda ref: spot_r)
     for make in drafters:
         speculative = [replace(r, config=replace(r.config, budget=4, cross_block=config.cross_block), drafter=make(ref))
                        for r, ref in zip(requests, references, strict=True)]
@@ -223,12 +226,13 @@ def test_a_requests_logits_in_a_batched_forward_are_its_own_forwards_bit_for_bit
 
 @pytest.mark.slow
 def test_lm_eval_at_batch_size_4_gives_what_batch_size_1_gives(tmp_path, capsys):
-    """The real `lm_eval --model spot --batch_size 4` against `--batch_size 1` (SPOT and SPOT-Sets on the embedded
-    target, exact; every drafter's batching in-process: test_every_drafter_is_lossless_and_batch_invariant): the
+    """The real `lm_eval --model spot --batch_size 4` against `--batch_size 1` (SPOT on the embedded target, exact;
+    every drafter's batching in-process: test_every_drafter_is_lossless_and_batch_invariant and, for SPOT-Sets,
+    test_spot_sets_is_lossless_and_batch_invariant_under_threshold_decoding): the
     same responses, forward counts per request and scores; batch 4 checked its draft-free tokens against batch 1's
     (no batch divergence) and says its batch size in run.json and MLflow. Batch 1, the reference, runs in this
     process; batch 4 is the real command."""
-    args = "methods=spot@8+sets@8,unmasking=threshold,exact=true,device=cpu,threads=1"
+    args = "methods=spot@8,exact=true,device=cpu,threads=1"
     runs = {}
     for size, launch in ((1, functools.partial(run_lm_eval_here, capsys)), (4, run_lm_eval)):
         cwd = tmp_path / f"b{size}"
@@ -244,7 +248,7 @@ def test_lm_eval_at_batch_size_4_gives_what_batch_size_1_gives(tmp_path, capsys)
                       scored["results"]["spot_gsm8k"], sorted((s["doc_id"], s["resps"]) for s in logged),
                       json.loads((run_dir / "run.json").read_text()), samples)
     (one, scores_one, responses_one, _, _), (four, scores_four, responses_four, run_json, samples) = runs[1], runs[4]
-    assert len(one) == 12 and one == four  # 4 requests x (draft-free, spot@8, sets@8)
+    assert len(one) == 8 and one == four  # 4 requests x (draft-free, spot@8)
     assert responses_one == responses_four and scores_one == scores_four
     assert all(s["lossless"] and s["batch_size"] == 4 for s in samples)
     assert run_json["batch_size"] == 4 and run_json["identity"]["batch_size"] == "4"

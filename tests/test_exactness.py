@@ -21,6 +21,7 @@ from spot.drafters.spiffy import SpiffyDrafter
 from spot.drafters.spot import SpotDrafter
 from spot.targets import BlockCausalTarget
 from spot_eval.checkpoints.drafter import load_checkpoint
+from spot_eval.checkpoints.refresh_head import refresh_for_target
 from spot_eval.checkpoints.shipped import EMBEDDED_TARGET, shipped_drafter
 from spot_eval.checkpoints.spiffy_graph import load_graph
 from spot_eval.checkpoints.target import encode_prompt
@@ -95,6 +96,8 @@ def test_bf16_speculation_is_exact_in_the_exact_layout_and_diverges_only_at_near
     k, vocab = exact.block_length, exact.vocab_size
     spot = SpotDrafter(load_checkpoint(shipped_drafter("spot", k)).model)
     spiffy = SpiffyDrafter(load_graph(shipped_drafter("spiffy", k), k), prune_to=3)
+    order, tokens = refresh_for_target(exact, "single", shipped_drafter("spot_r", k))
+    spot_r = SpotDrafter(order.model, name="spot_r", tokens=tokens)  # its head reads the bf16 target's hidden states
     # Two requests at T = 0, one at T = 1 (each of its two policies draws other noise on it; the property tests in
     # test_engine.py cover bf16 at T = 1 on many prompts): the embedded target in bf16 is CI's costliest decode.
     prompts = [encode_prompt(exact, doc["question"], chat=True) for doc in load("gsm8k_test")[: 2 if temperature == 0 else 1]]
@@ -106,7 +109,7 @@ def test_bf16_speculation_is_exact_in_the_exact_layout_and_diverges_only_at_near
             methods = [(OracleDrafter(reference.trajectory), 20), (spot, 8), (FreeDaveDrafter(), 8)]
             if target is exact:
                 methods += [(AdversarialDrafter(reference.trajectory, vocab), 8), (RandomDrafter(vocab, seed=1), 2)]
-                methods += [(spiffy, 3)] if policy == "single" else []
+                methods += [(spiffy, 3), (spot_r, 8)] if policy == "single" else []
             for drafter, budget in methods:
                 got = generate(target, ids, replace(config, budget=budget), drafter=drafter, request=request, record=True)
                 if target is exact:

@@ -6,7 +6,8 @@ An edge (p, v) scores log P_order(p) + log q(v | p), q the stale probability of 
 also branches on its second-ranked token when its first-ranked probability is below the token
 gate (default 0.6); otherwise the budget goes to alternative orders. SPOT-gamma reweights each
 depth's edge log-scores by a fitted exponent (spot.tree.grow_best_first's gamma). In mode "stale"
-(spot.drafters.stale) the stale confidences stand in for the order model: no network call.
+(spot.drafters.stale) the stale confidences stand in for the order model: no network call. SPOT-R
+(spot.drafters.refresh) gives each node its own tokens, re-ranked from what its path committed.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import torch
 from spot.drafters.base import DraftContext
 from spot.drafters.order_model import OrderModel, Prediction, Prior, depth_predictions, features
 from spot.drafters.reach import ReachCalibration
+from spot.drafters.refresh import RefreshedTokens
 from spot.drafters.stale import StaleOrder
 from spot.policy import topk_logprobs
 from spot.tree import DraftTree, Edge, Frontier, grow_best_first
@@ -49,6 +51,10 @@ class SpotDrafter:
     ranked edge table per step's noise (one at T = 0), so such a node costs a walk over at most
     2K edges in Python, not a round of tensor operations: this cut the drafter's share of wall
     time at budget 8 from 10.5% to 8.7% with identical trees.
+
+    tokens: SPOT-R's refreshed tokens (spot.drafters.refresh.RefreshedTokens): each node's tokens and their
+        probabilities come from the refresh head on what the node's path committed, one head call per
+        frontier, and each node gets its own edge table; None: the stale draw of the node's step (SPOT).
     """
 
     def __init__(
@@ -60,6 +66,7 @@ class SpotDrafter:
         model_depth: int | None = 1,
         reach: ReachCalibration | None = None,
         stale: StaleOrder | None = None,
+        tokens: RefreshedTokens | None = None,
     ) -> None:
         if not 0.0 <= gate <= 1.0:
             raise ValueError(f"token gate must be in [0, 1], got {gate}")
@@ -72,6 +79,7 @@ class SpotDrafter:
         self.stale = stale
         self.name = name
         self.model_depth = model_depth
+        self.tokens = tokens
 
     @property
     def modes(self) -> dict[str, tuple[float, ...]]:
@@ -91,7 +99,8 @@ class SpotDrafter:
         grows for it alone: the order model scores every root in one call, whose rows do not depend on the
         others in it (the model's layers are row-invariant in eval mode, spot.drafters.order_model)."""
         roots = [None if ctx.stale_logits is None else self._root(ctx, *self._stale_topk(ctx)) for ctx in ctxs]
-        scored = iter(self._root_logits([r for r in roots if r is not None]))
+        # SPOT-R scores every node, the root too, from its refreshed distribution (in _grow)
+        scored = iter(self._root_logits([r for r in roots if r is not None]) if self.tokens is None else [None] * len(roots))
         # a block's first step has no distribution of this block yet: the root alone
         return [DraftTree.root_only(ctx.state) if r is None else self._grow(r, next(scored)) for ctx, r in zip(ctxs, roots, strict=True)]
 
@@ -100,7 +109,7 @@ class SpotDrafter:
         """The tree from the stale top-k (lp, ids: [K, k]) and the prior's top-1 ([K] each, or None);
         also used offline on recorded trajectories."""
         root = self._root(ctx, lp, ids, prior)
-        return self._grow(root, self._root_logits([root])[0])
+        return self._grow(root, None if self.tokens is not None else self._root_logits([root])[0])
 
     def _stale_topk(self, ctx: DraftContext) -> tuple[torch.Tensor, torch.Tensor, Prior | None]:
         """The stale top-k ([K, k] log-probabilities and ids) and the prior's top-1 the tree reads."""
@@ -151,24 +160,27 @@ class SpotDrafter:
         return features(root.lp.expand(f, -1, -1), root.ids.expand(f, -1, -1), prediction, masked, root.masked & ~masked, last,
                         root.prior, self.model.config.buckets)
 
-    def _grow(self, root: _Root, root_logits: torch.Tensor) -> DraftTree:
-        """Best-first growth of root's tree, the root scored by `root_logits` [K]."""
+    def _grow(self, root: _Root, root_logits: torch.Tensor | None) -> DraftTree:
+        """Best-first growth of root's tree, the root scored by `root_logits` [K] (None: SPOT-R's, scored in growth)."""
         ctx, device = root.ctx, root.masked.device
         stale_mode = ctx.mode == "stale"
         # node id -> [K] its masked positions; the root's parent (-1) is the state of the stale logits,
         # so each node's last commit is where its parent was masked and it is not
         masked_at = {-1: root.before, 0: root.masked}
-        order_logits = {0: root_logits}  # node id -> [K] the order model's logits at that node
+        order_logits = {} if root_logits is None else {0: root_logits}  # node id -> [K] the order model's logits at that node
         scored_by: dict[int, int] = {}  # node id -> the node whose order logits score it (itself or an ancestor)
         tables: dict[tuple[int, int], list[tuple[float, int, int]]] = {}
         temperature = ctx.config.sampling.temperature
+        refreshed: dict[int, Prediction] = {}  # SPOT-R: node id -> its own tokens
 
-        def table(source: int, depth: int) -> list[tuple[float, int, int]]:
-            """The (score, position, token) edges of the source's order logits and the depth's tokens,
-            best first, before renormalising over a node's masked positions."""
-            key = (source, depth if temperature > 0 else 0)
+        def table(source: int, depth: int, node: int) -> list[tuple[float, int, int]]:
+            """The (score, position, token) edges of the source's order logits and the node's tokens (the
+            depth's stale draw, or SPOT-R's for the node itself), best first, before renormalising over
+            a node's masked positions."""
+            # a SPOT-R node's own table keys on ~node (negative), apart from the depths' shared ones
+            key = (source, ~node) if node in refreshed else (source, depth if temperature > 0 else 0)
             if key not in tables:
-                pred = root.prediction(depth)
+                pred = refreshed[node] if node in refreshed else root.prediction(depth)
                 branch = pred.probs[:, 0] < self.gate  # [K]: uncertain token, try the runner-up too
                 token_lp = pred.probs.clamp_min(1e-12).log()  # [K, 2]
                 token_lp[:, 1] = token_lp[:, 1].masked_fill(~branch, float("-inf"))
@@ -183,21 +195,35 @@ class SpotDrafter:
         def expand(frontier: Frontier) -> list[list[Edge]]:
             nodes = frontier.states.to(device)  # [B, K]
             masked = nodes == ctx.mask_id
-            fresh = [i for i, (n, d) in enumerate(zip(frontier.nodes, frontier.depths, strict=True))
-                     if n not in order_logits and (self.model_depth is None or d < self.model_depth)]
-            if fresh and stale_mode:
-                logits = self.stale.logits(torch.stack([root.prediction(frontier.depths[i]).probs[:, 0] for i in fresh]), masked[fresh])
-                order_logits.update(zip((frontier.nodes[i] for i in fresh), logits, strict=True))  # [F, K] no model call
-            elif fresh:
-                masked_at.update((frontier.nodes[i], masked[i]) for i in fresh)
-                last = torch.stack([masked_at[frontier.parents[i]] for i in fresh]) & ~masked[fresh]  # [F, K]
-                feats, buckets = self._inputs(root, masked[fresh], last, [frontier.depths[i] for i in fresh])
-                logits = self.model(feats, buckets, masked[fresh])  # [F, K], -inf where committed
-                order_logits.update(zip((frontier.nodes[i] for i in fresh), logits, strict=True))
+            if self.tokens is not None:  # SPOT-R: every node's tokens and order from its own refreshed distribution
+                fresh_at = self.tokens.refresh(root, nodes, frontier.depths)  # [B, K, ...]
+                masked_at.update(zip(frontier.nodes, masked, strict=True))
+                last = torch.stack([masked_at[p] for p in frontier.parents]) & ~masked  # [B, K]
+                # each node read as a root with fresh logits: the order model on its refreshed distribution, the
+                # root's stale top-1 as the forward before it (the model's trend input)
+                prior = Prior(root.lp[:, 0], root.ids[:, 0], torch.tensor(True, device=device))
+                feats, buckets = features(fresh_at.lp, fresh_at.ids, fresh_at.prediction, masked, torch.zeros_like(masked),
+                                          last, prior, self.model.config.buckets)
+                order_logits.update(zip(frontier.nodes, self.model(feats, buckets, masked), strict=True))
+                pred = fresh_at.prediction
+                refreshed.update((n, Prediction(pred.tokens[i], pred.probs[i], pred.margin[i])) for i, n in enumerate(frontier.nodes))
+            else:  # SPOT: the order model at the first levels, its logits reused below them
+                fresh = [i for i, (n, d) in enumerate(zip(frontier.nodes, frontier.depths, strict=True))
+                         if n not in order_logits and (self.model_depth is None or d < self.model_depth)]
+                if fresh and stale_mode:
+                    logits = self.stale.logits(torch.stack([root.prediction(frontier.depths[i]).probs[:, 0] for i in fresh]), masked[fresh])
+                    order_logits.update(zip((frontier.nodes[i] for i in fresh), logits, strict=True))  # [F, K] no model call
+                elif fresh:
+                    masked_at.update((frontier.nodes[i], masked[i]) for i in fresh)
+                    last = torch.stack([masked_at[frontier.parents[i]] for i in fresh]) & ~masked[fresh]  # [F, K]
+                    feats, buckets = self._inputs(root, masked[fresh], last, [frontier.depths[i] for i in fresh])
+                    logits = self.model(feats, buckets, masked[fresh])  # [F, K], -inf where committed
+                    order_logits.update(zip((frontier.nodes[i] for i in fresh), logits, strict=True))
             out = []
             for i, (node, parent) in enumerate(zip(frontier.nodes, frontier.parents, strict=True)):
                 scored_by[node] = node if node in order_logits else scored_by[parent]
-                out.append(_renormalised(table(scored_by[node], frontier.depths[i]), masked[i].tolist(), order_logits[scored_by[node]], ctx.budget))
+                edges = table(scored_by[node], frontier.depths[i], node)
+                out.append(_renormalised(edges, masked[i].tolist(), order_logits[scored_by[node]], ctx.budget))
             return out
 
         tree = grow_best_first(ctx.state, ctx.budget, expand, self.gamma)

@@ -130,6 +130,20 @@ def load_checkpoint(path: str | Path) -> DrafterCheckpoint:
     raw = read_payload(path, FORMAT, KEYS, corrupt, retired={
         old: f"drafter checkpoint {path} was written by an earlier spot-eval: {why}; retrain it with spot-eval "
              "train-drafter on the same trajectories" for old, why in RETIRED.items()})
+    return checkpoint_from_payload(raw, str(path), corrupt)
+
+
+def checkpoint_payload(path: str | Path) -> dict:
+    """The dict a checkpoint file holds, verified first (what SPOT-R's file carries of its order model)."""
+    load_checkpoint(path)
+    return torch.load(path, weights_only=True, map_location="cpu")
+
+
+def checkpoint_from_payload(raw: dict, path: str, corrupt: Callable[[str], ValueError]) -> DrafterCheckpoint:
+    """A checkpoint's dict (read_payload's) verified and built; `corrupt(why)` names the file for every defect."""
+    missing = [k for k in KEYS if not isinstance(raw, dict) or k not in raw]
+    if missing or raw.get("format") != FORMAT:
+        raise corrupt(f"the order model is not a {FORMAT} payload (missing {missing})")
     state = raw["state_dict"]
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise corrupt("state_dict is not a dict of tensors")
@@ -160,5 +174,5 @@ def load_checkpoint(path: str | Path) -> DrafterCheckpoint:
 
     reach = optional("reach", ReachCalibration.from_dict, "the reach calibration")
     stale = optional("stale", StaleOrder.from_dict, "the stale order")
-    return DrafterCheckpoint(str(path), model.eval(), config, fingerprint, raw["metrics"],
+    return DrafterCheckpoint(path, model.eval(), config, fingerprint, raw["metrics"],
                              None if gamma is None else tuple(gamma), reach, stale)

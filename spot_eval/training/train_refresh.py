@@ -1,0 +1,47 @@
+"""`spot-eval train-refresh`: train SPOT-R's refresh head (spot.drafters.refresh) on single-commit trajectories
+recorded with hidden states, and write it with the SPOT order model whose trees it refreshes."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+from spot.drafters.refresh_training import RefreshTrainConfig, block_examples, concat, train_refresh
+from spot.drafters.set_model import Projection
+from spot_eval.checkpoints.drafter import checkpoint_payload, load_checkpoint
+from spot_eval.checkpoints.fingerprint import check_fingerprint
+from spot_eval.checkpoints.refresh_head import save_refresh
+from spot_eval.training.trajectories import read_blocks, read_manifest, read_projections
+
+
+def train_refresh_command(trajectories: str | Path, order_model: str | Path, out: str | Path, config: RefreshTrainConfig,
+                          examples_progress: Callable[[int, int], None] | None = None,
+                          progress: Callable[[int, float], None] | None = None) -> dict:
+    """Train on every block of `trajectories` (one collect, its projections) and save to `out` with `order_model`
+    (a SPOT checkpoint for the same target and policy); returns the metrics."""
+    fingerprint = read_manifest(trajectories).fingerprint
+    order = load_checkpoint(order_model)
+    check_fingerprint(order.fingerprint, fingerprint, what=f"the order model {order_model} was trained",
+                      fix="pass the SPOT drafter trained for the trajectories' target (--order-model)")
+    projections = read_projections(trajectories)
+    blocks = read_blocks(trajectories, policy="single")
+    if not blocks:
+        raise ValueError(f"{trajectories} holds no recorded blocks to train on; collect more prompts")
+    parts = []
+    for i, block in enumerate(blocks):
+        if (part := block_examples(block, config.head.max_staleness)) is not None:
+            parts.append(part)
+        if examples_progress is not None:
+            examples_progress(i + 1, len(blocks))
+    if not parts:
+        raise ValueError(f"{trajectories} holds no hidden states: collect with --hidden-dims 64")
+    examples = concat(parts)
+    hidden, embedding = (Projection.from_dict(projections[k]) for k in ("hidden", "embedding"))
+    widths = {"topk": blocks[0].topk_ids.shape[-1], "hidden_dims": hidden.dims, "embedding_dims": embedding.dims}
+    config = replace(config, head=replace(config.head, **widths))
+    head, metrics = train_refresh(examples, projections["token_coords"], config, progress)
+    metrics = {**metrics, "parameters": sum(p.numel() for p in head.parameters()), "steps": config.steps,
+               "order_model": str(order_model)}
+    save_refresh(out, head, hidden, embedding, fingerprint, metrics, checkpoint_payload(order_model))
+    return metrics

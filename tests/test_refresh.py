@@ -1,0 +1,149 @@
+"""SPOT-R (spot.drafters.refresh): the neighbours its head reads, its training examples on literal blocks, training,
+its trees lossless whatever the head's weights (fp32 and bf16, T = 0 and 1, small and large budgets, cross-block
+pieces), its file's round trip and refusals, and the shipped drafter on the embedded target."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import replace
+
+import pytest
+import torch
+from conftest import tiny_target
+from test_token_drift import block
+
+from spot import DecodeConfig, Sampling, generate
+from spot.drafters.order_examples import RecordedBlock
+from spot.drafters.order_model import OrderModel
+from spot.drafters.refresh import OFFSETS, RefreshConfig, RefreshedTokens, RefreshHead, neighbours
+from spot.drafters.refresh_training import RefreshTrainConfig, block_examples, concat, drawn, train_refresh
+from spot.drafters.set_model import Projection
+from spot.drafters.spot import SpotDrafter
+from spot_eval.checkpoints.drafter import checkpoint_payload
+from spot_eval.checkpoints.refresh_head import load_refresh, save_refresh
+from spot_eval.checkpoints.shipped import shipped_drafter
+from spot_eval.cli import main
+
+M = 9  # test_token_drift's mask id
+SMALL = RefreshConfig(topk=32, hidden_dims=8, embedding_dims=8)
+
+
+def test_a_position_reads_the_tokens_committed_beside_it_since_the_stale_forward():
+    stale = torch.tensor([5, M, M, M, M, M, M, M])
+    node = torch.tensor([5, 6, M, M, 7, M, M, 4])  # since the stale forward: 6 at 1, 7 at 4, 4 at 7
+    tokens, new = neighbours(node[None], stale)  # [1, K, 6]
+    at = {offset: i for i, offset in enumerate(OFFSETS)}
+    assert tokens[0, 2, at[-1]] == 6 and tokens[0, 2, at[2]] == 7 and new[0, 2].sum() == 2  # position 2: 1 and 4
+    assert new[0, 0, at[-1]] == 0  # nothing left of the block's start
+    assert new[0, 1, at[-1]] == 0 and tokens[0, 1, at[-1]] == 0  # 5 was there before the stale forward
+    assert new[0, 5].tolist() == [0, 0, 1, 0, 1, 0]  # position 5: 7 one left, 4 two right
+    assert tokens[0, 5, at[-1]] == 7 and tokens[0, 5, at[2]] == 4
+    assert new[0, 7, at[1]] == 0 and new[0, 7, at[-3]] == 1  # nothing right of the block's end
+
+
+def with_hidden(b: RecordedBlock) -> RecordedBlock:
+    return dataclasses.replace(b, hidden=torch.arange(4 * 4 * 3, dtype=torch.float32).reshape(4, 4, 3))  # [S, K, R]
+
+
+def test_every_masked_position_of_a_step_is_an_example_with_the_fresh_distribution_there():
+    """test_token_drift's block: 0 <- 5, then 1 <- 6, then 3 <- 7, then 2 <- 8; top-2 recorded per step."""
+    rows = block_examples(with_hidden(block()), max_staleness=2)
+    # step 1: masked 1, 2, 3 at Δ = 1; step 2: masked 2, 3 at Δ = 1, 2; step 3: masked 2 at Δ = 1, 2
+    assert rows.inputs.staleness.tolist() == [1, 1, 1, 1, 1, 2, 2, 1, 2]
+    assert rows.token.tolist() == [6, -1, -1, -1, 7, -1, 7, 8, 8]
+    # step 2, Δ = 1, position 3 (row 4): step 1's candidates there are (2, 7); behind step 2 the target ranks 7 first
+    assert rows.inputs.ids[4].tolist() == [2, 7]
+    assert rows.fresh[4, 1] == pytest.approx(math.log(0.6)) and rows.fresh[4, 0] == pytest.approx(math.log(0.3) - 1.0)
+    assert rows.mass[4] == pytest.approx(math.log(0.6))  # only 7 of the candidates is in step 2's recorded top-2
+    assert rows.inputs.hidden[4].tolist() == with_hidden(block()).hidden[1, 3].tolist()
+    at = {offset: i for i, offset in enumerate(OFFSETS)}
+    assert rows.inputs.near_new[4, at[-2]] == 1 and rows.inputs.near_tokens[4, at[-2]] == 6  # position 1's 6
+    committed = rows.token >= 0
+    assert (drawn(rows.inputs.lp, rows) == rows.token)[committed].tolist() == [True, False, True, False, True]
+
+
+def test_training_learns_the_fresh_tokens_from_recorded_decodes():
+    target = tiny_target(16)
+    embeddings = target.embeddings().detach().float()
+    hidden = Projection.fit(torch.randn(64, embeddings.shape[1], generator=torch.Generator().manual_seed(0)), SMALL.hidden_dims)
+    coords = Projection.fit(embeddings, SMALL.embedding_dims)(embeddings)
+    config = DecodeConfig(block_length=16, gen_length=32, seed=1)
+    parts = []
+    for request, prompt in enumerate((list(range(1, 12)), list(range(20, 40)), list(range(5, 9)), list(range(30, 33)))):
+        got = generate(target, prompt, config, request=request, record=True, record_topk=SMALL.topk, record_hidden=True)
+        parts += [block_examples(RecordedBlock(t.states, t.topk_logprobs, t.topk_ids, target.mask_id, 1, request, t.block, 0.0,
+                                               hidden(t.hidden)), SMALL.max_staleness) for t in got.trajectory]
+    losses = []
+    head, report = train_refresh(concat([p for p in parts if p is not None]), coords,
+                                 RefreshTrainConfig(steps=60, batch_size=64, head=SMALL), lambda step, loss: losses.append(loss))
+    assert sum(losses[-10:]) < sum(losses[:10])
+    assert report["heldout"] > 0 and set(report["top1"]) and all(0 <= v["refreshed"] <= 1 for v in report["top1"].values())
+    assert not head.training
+
+
+def refreshed(target, seed: int, wild: bool = False) -> SpotDrafter:
+    """SPOT-R with random weights (wild: the head's reading of the neighbours large enough to overturn the stale
+    ranking, so its trees differ from SPOT's)."""
+    torch.manual_seed(seed)
+    embeddings = target.embeddings().detach().float()
+    head = RefreshHead(SMALL, Projection.fit(embeddings, SMALL.embedding_dims)(embeddings))
+    if wild:
+        torch.nn.init.normal_(head.neighbour, std=3.0)
+        torch.nn.init.normal_(head.query.weight, std=3.0)
+    hidden = Projection.fit(torch.randn(64, embeddings.shape[1]), SMALL.hidden_dims)
+    return SpotDrafter(OrderModel(), gate=0.9, name=f"spot_r{seed}", tokens=RefreshedTokens(head.eval(), hidden))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_refreshed_trees_are_lossless(temperature, dtype):
+    target = tiny_target(16, dtype=dtype)
+    prompt = list(range(1, 12))
+    config = DecodeConfig(block_length=16, gen_length=32, sampling=Sampling(temperature), seed=2)
+    reference = generate(target, prompt, config)
+    for drafter, shapes in ((refreshed(target, 0), ((8, True),)), (refreshed(target, 1, wild=True), ((1, False), (8, True), (20, False)))):
+        for budget, cross_block in shapes:
+            got = generate(target, prompt, replace(config, budget=budget, cross_block=cross_block), drafter=drafter)
+            assert got.token_ids == reference.token_ids, (drafter.name, budget, cross_block)
+            assert got.stats.forwards <= reference.stats.forwards
+
+
+def test_a_spot_r_file_round_trips_and_refuses_damage(tmp_path):
+    target = tiny_target(16)
+    drafter = refreshed(target, 2)
+    path, fingerprint = tmp_path / "spot_r.pt", {"tokenizer_sha256": "a", "weights_digest": "b", "block_length": 16,
+                                                 "policy": "single"}
+    order = checkpoint_payload(shipped_drafter("spot", 32))
+    save_refresh(path, drafter.tokens.head, drafter.tokens.hidden, drafter.tokens.hidden, fingerprint, {"steps": 1}, order)
+    loaded = load_refresh(path)
+    assert loaded.fingerprint == fingerprint and loaded.order.config.topk == 32
+    assert all(torch.equal(loaded.state_dict[k], v) for k, v in drafter.tokens.head.state_dict().items())
+    raw = torch.load(path, weights_only=True)
+    raw["state_dict"]["scale"] = raw["state_dict"]["scale"] + 1
+    torch.save(raw, tmp_path / "edited.pt")
+    with pytest.raises(ValueError, match="do not match their recorded sha256"):
+        load_refresh(tmp_path / "edited.pt")
+    with pytest.raises(ValueError, match="not a SPOT-R drafter .*format 'spot-order-model/3'"):
+        load_refresh(shipped_drafter("spot", 32))
+    with pytest.raises(FileNotFoundError, match="spot-eval train-refresh"):
+        load_refresh(tmp_path / "missing.pt")
+
+
+@pytest.mark.slow
+def test_the_shipped_drafter_decodes_the_embedded_target_losslessly_and_refuses_another_policy(capsys):
+    def decode(*extra: str) -> dict:
+        main(["decode", "--prompt", "Natalia sold clips to 48 of her friends.", "--chat", "--gen-length", "64", "--json",
+              "--threads", "1", *extra])
+        return json.loads(capsys.readouterr().out)
+
+    reference = decode("--method", "draft_free")
+    for temperature in ("0", "1"):
+        free = decode("--method", "draft_free", "--temperature", temperature)
+        got = decode("--method", "spot_r", "--budget", "8", "--temperature", temperature)
+        assert got["token_ids"] == free["token_ids"] and got["forwards"] < free["forwards"]
+    assert reference["token_ids"] == decode("--method", "draft_free", "--temperature", "0")["token_ids"]
+    with pytest.raises(SystemExit):
+        decode("--method", "spot_r", "--budget", "8", "--unmasking", "threshold", "--drafter", str(shipped_drafter("spot_r", 32)))
+    assert "was trained for target" in capsys.readouterr().err
