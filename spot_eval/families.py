@@ -85,7 +85,9 @@ def _spot_r(b: Build) -> Drafter:
     from spot_eval.checkpoints.refresh_head import refresh_for_target
 
     order, tokens = refresh_for_target(b.target, b.policy, b.path)
-    return SpotDrafter(order.model.to(b.target.device), name="spot_r", tokens=tokens)
+    # every node's order read from its refreshed distribution (model_depth=1, the root's only, saves drafting time
+    # for fewer forwards saved: bench/peers.py)
+    return SpotDrafter(order.model.to(b.target.device), name="spot_r", tokens=tokens, model_depth=None)
 
 
 def _sets(b: Build) -> Drafter:

@@ -93,7 +93,8 @@ def refreshed(target, seed: int, wild: bool = False) -> SpotDrafter:
         torch.nn.init.normal_(head.neighbour, std=3.0)
         torch.nn.init.normal_(head.query.weight, std=3.0)
     hidden = Projection.fit(torch.randn(64, embeddings.shape[1]), SMALL.hidden_dims)
-    return SpotDrafter(OrderModel(), gate=0.9, name=f"spot_r{seed}", tokens=RefreshedTokens(head.eval(), hidden))
+    return SpotDrafter(OrderModel(), gate=0.9, name=f"spot_r{seed}", tokens=RefreshedTokens(head.eval(), hidden),
+                       model_depth=None if wild else 1)  # every node's order refreshed, or the root's only
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

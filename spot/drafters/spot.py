@@ -54,7 +54,9 @@ class SpotDrafter:
 
     tokens: SPOT-R's refreshed tokens (spot.drafters.refresh.RefreshedTokens): each node's tokens and their
         probabilities come from the refresh head on what the node's path committed, one head call per
-        frontier, and each node gets its own edge table; None: the stale draw of the node's step (SPOT).
+        frontier, and each node gets its own edge table; its order logits, at the levels model_depth
+        scores, come from the order model reading that refreshed distribution (None: every level);
+        None: the stale draw of the node's step (SPOT).
     """
 
     def __init__(
@@ -202,9 +204,15 @@ class SpotDrafter:
                 # each node read as a root with fresh logits: the order model on its refreshed distribution, the
                 # root's stale top-1 as the forward before it (the model's trend input)
                 prior = Prior(root.lp[:, 0], root.ids[:, 0], torch.tensor(True, device=device))
-                feats, buckets = features(fresh_at.lp, fresh_at.ids, fresh_at.prediction, masked, torch.zeros_like(masked),
-                                          last, prior, self.model.config.buckets)
-                order_logits.update(zip(frontier.nodes, self.model(feats, buckets, masked), strict=True))
+                scored = [i for i, d in enumerate(frontier.depths) if self.model_depth is None or d < self.model_depth]
+                if scored:
+                    pred = fresh_at.prediction
+                    feats, buckets = features(fresh_at.lp[scored], fresh_at.ids[scored],
+                                              Prediction(pred.tokens[scored], pred.probs[scored], pred.margin[scored]),
+                                              masked[scored], torch.zeros_like(masked[scored]), last[scored], prior,
+                                              self.model.config.buckets)
+                    logits = self.model(feats, buckets, masked[scored])
+                    order_logits.update(zip((frontier.nodes[i] for i in scored), logits, strict=True))
                 pred = fresh_at.prediction
                 refreshed.update((n, Prediction(pred.tokens[i], pred.probs[i], pred.margin[i])) for i, n in enumerate(frontier.nodes))
             else:  # SPOT: the order model at the first levels, its logits reused below them
