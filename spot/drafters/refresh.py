@@ -136,6 +136,9 @@ class RefreshedTokens:
         b, k = states.shape
         stale_state = (ctx.state if ctx.stale_state is None else ctx.stale_state).to(states.device)
         near_tokens, near_new = neighbours(states, stale_state)  # [B, K, 6] each
+        if ctx.stale_hidden is None:
+            raise ValueError("SPOT-R reads the target's hidden states behind the stale logits (DraftContext.stale_hidden), "
+                             "and this context has none: draft it from the engine, which hands them over")
         hidden = self.hidden(ctx.stale_hidden.to(self.device))  # [K, R]
         staleness = torch.tensor([d + 1 for d in depths], device=states.device).repeat_interleave(k)  # [B * K]
         rows = RefreshInputs(root.lp.repeat(b, 1), root.ids.repeat(b, 1), hidden.repeat(b, 1),
