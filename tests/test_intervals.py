@@ -18,6 +18,7 @@ from spot_eval.reports.results import (
     intervals,
     items_needed,
     mean_interval,
+    newest_only,
     percentile_interval,
     ratio_replicates,
     read_bundle,
@@ -105,6 +106,12 @@ def test_a_suite_and_its_continuation_pool_their_items_and_a_request_counts_once
     assert summarize(pooled.samples, ["task"]).set_index("label").loc["m@8", "requests"] == 5
     with pytest.raises(ResultsError, match=r"2 requests are in more than one .* t document 1, draft_free"):
         combine([part(range(2)), part(range(1, 3))])
+    # an experiment's runs read back newest first: a request decoded twice counts once, every row from the newer run
+    newer, older = part(range(1, 3)), part(range(2))
+    newer.samples["seconds"] = 2.0
+    both = combine(newest_only([newer, older]))
+    assert sorted(both.samples.doc_id.unique()) == [0, 1, 2] and len(both.samples) == 6
+    assert both.samples.set_index(["doc_id", "label"]).loc[(1, "m@8"), "seconds"] == 2.0
 
 
 def test_the_verdict_cannot_tell_two_methods_whose_intervals_overlap():

@@ -139,12 +139,10 @@ def test_the_shipped_drafter_decodes_the_embedded_target_losslessly_and_refuses_
               "--threads", "1", *extra])
         return json.loads(capsys.readouterr().out)
 
-    reference = decode("--method", "draft_free")
     for temperature in ("0", "1"):
         free = decode("--method", "draft_free", "--temperature", temperature)
         got = decode("--method", "spot_r", "--budget", "8", "--temperature", temperature)
         assert got["token_ids"] == free["token_ids"] and got["forwards"] < free["forwards"]
-    assert reference["token_ids"] == decode("--method", "draft_free", "--temperature", "0")["token_ids"]
     with pytest.raises(SystemExit):
         decode("--method", "spot_r", "--budget", "8", "--unmasking", "threshold", "--drafter", str(shipped_drafter("spot_r", 32)))
     assert "was trained for target" in capsys.readouterr().err

@@ -13,7 +13,7 @@ from pathlib import Path
 from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
 
-from spot_eval.reports.results import Bundle, ResultsError, combine, read_bundle, read_run
+from spot_eval.reports.results import Bundle, ResultsError, combine, newest_only, read_bundle, read_run
 from spot_eval.tracking.store import client_env, resolve_uri, unreachable
 
 KIND_TAG = "spot_eval.kind"  # "nightly" on a nightly's summary run
@@ -88,12 +88,13 @@ def nightly_bundle(tracking_uri: str | None, run_id: str) -> Bundle:
 
 
 def evaluation_bundle(tracking_uri: str | None, experiment: str, run_ids: list[str] | None = None) -> Bundle:
-    """The `lm_eval --model spot` runs of an experiment (or the given ones) as one bundle."""
+    """The `lm_eval --model spot` runs of an experiment (or the given ones) as one bundle; a request decoded by several
+    runs (a suite's nightlies on several days) counts once, from the newest (results.newest_only)."""
     client, uri = _client(tracking_uri)
     experiment_id = _experiment(client, uri, experiment)
     with client_env():
         if run_ids:
-            runs = [client.get_run(r) for r in run_ids]
+            runs = sorted((client.get_run(r) for r in run_ids), key=lambda r: r.info.start_time, reverse=True)
         else:
             runs = client.search_runs(
                 [experiment_id], filter_string="attributes.status = 'FINISHED'", max_results=500,
@@ -118,4 +119,4 @@ def evaluation_bundle(tracking_uri: str | None, experiment: str, run_ids: list[s
                 bundles.append(read_run(local))
             except ResultsError as err:
                 raise HistoryError(f"run {run.info.run_id}: {err}") from None
-        return combine(bundles)
+        return combine(newest_only(bundles))

@@ -161,7 +161,7 @@ def combine(bundles: list[Bundle]) -> Bundle:
     samples = pd.concat([b.samples for b in bundles], ignore_index=True)
     # Bundles that extend each other (results/comparison/*-more.toml) pool their items; one request counted twice
     # would weigh its item double in every sum and interval.
-    request = [k for k in ("policy", "temperature", "seed", "task", "doc_id", "repeat", "label") if k in samples.columns]
+    request = [k for k in (*REQUEST, "label") if k in samples.columns]
     twice = samples[samples.duplicated(request)]
     if len(bundles) > 1 and not twice.empty:
         first = twice.iloc[0]
@@ -178,6 +178,30 @@ def combine(bundles: list[Bundle]) -> Bundle:
         accuracy=pd.concat([b.accuracy for b in bundles], ignore_index=True),
         created=time.strftime("%Y-%m-%dT%H:%M:%S"),
     )
+
+
+REQUEST = ("policy", "temperature", "seed", "task", "doc_id", "repeat")  # one decoded request, every method's row of it
+
+
+def newest_only(bundles: list[Bundle]) -> list[Bundle]:
+    """The bundles, newest first, each without the requests a newer one holds (every method's rows of a request come
+    from one run, so its ratios stay side by side): what an experiment's runs of the same suite on several days
+    give when they are read back as one table."""
+    seen: set[tuple] = set()
+    out = []
+    for bundle in bundles:
+        keys = [k for k in REQUEST if k in bundle.samples.columns]
+        request = list(bundle.samples[keys].itertuples(index=False, name=None))
+        kept = bundle.samples[[r not in seen for r in request]]
+        seen.update(request)
+        if kept.empty:
+            continue
+        docs = set(kept[["task", "doc_id", "temperature", "seed"]].itertuples(index=False, name=None))
+        outcomes = bundle.outcomes
+        if not outcomes.empty and {"task", "doc_id", "temperature", "seed"} <= set(outcomes.columns):
+            outcomes = outcomes[[d in docs for d in outcomes[["task", "doc_id", "temperature", "seed"]].itertuples(index=False, name=None)]]
+        out.append(Bundle(bundle.settings, bundle.runs, kept.reset_index(drop=True), outcomes, bundle.accuracy, bundle.created))
+    return out
 
 
 def check_settings(settings: list[dict], names: list[str]) -> None:
