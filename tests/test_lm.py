@@ -122,6 +122,24 @@ def lm_eval_runs_losslessly(capsys, pretrained: Path, tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+def test_samples_are_recorded_by_their_index_in_the_split_and_decode_the_same_in_any_selection(checkpoint, tmp_path, capsys):
+    """lm-eval numbers --samples' documents 0, 1, ... (results/comparison/*-more.toml selects items 40 on): the records
+    keep the split's index, and so does the noise key, so document 5 decodes the same at T = 1 alone or beside 3."""
+    args = f"pretrained={checkpoint},methods=,budgets=,gen_length=16,temperature=1.0,device=cpu,threads=1"
+    got = {}
+    for chosen in ([3, 5], [5]):
+        cwd = tmp_path / "-".join(map(str, chosen))
+        existing_store(cwd)
+        run = run_lm_eval_here(capsys, "--model", "spot", "--model_args", args, "--tasks", "spot_gsm8k", "--include_path",
+                               str(REPO / "tasks"), "--samples", json.dumps({"spot_gsm8k": chosen}), cwd=cwd)
+        assert run.returncode == 0, run.stderr[-3000:]
+        records = [json.loads(line) for line in next(cwd.glob("spot-eval-runs/*/samples.jsonl")).open()]
+        assert sorted(r["doc_id"] for r in records) == chosen
+        got[tuple(chosen)] = {r["doc_id"]: (r["request"], r["token_ids"]) for r in records}
+    assert got[(3, 5)][5] == got[(5,)][5]
+
+
+@pytest.mark.slow
 def test_use_cache_resumes_and_refuses_another_decoder_config(checkpoint, tmp_path, capsys):
     common = ["--model", "spot", "--tasks", "spot_gsm8k", "--include_path", str(REPO / "tasks"), "--limit", "2",
               "--use_cache", str(tmp_path / "cache")]

@@ -46,6 +46,7 @@ class _Job:
     """One lm-eval request as decoded: its prompt, repeat, noise key and decoder settings."""
 
     req: object  # lm-eval's Instance
+    doc_id: int | None  # the document's index in its split (SpotLM.document)
     context: str
     repeat: int
     number: int  # the noise key's request number (_request_id)
@@ -148,6 +149,7 @@ class SpotLM(LM):
         for failure in failed:
             self.session.fail(failure)
         self._repeat = Counter()
+        self.samples: dict[str, list[int]] | None = None  # lm-eval's --samples, set before evaluate (registration)
         self._store = None  # lm-eval's --use_cache file, once set_cache_hook hands it over
 
     def _auto_sizings(self, failed: list[MethodFailure]) -> tuple[dict[str, Refitted], dict | None]:
@@ -264,12 +266,12 @@ class SpotLM(LM):
         records = []
         for inst in _instances(tasks):
             for repeat in range(inst.repeats):
-                if (inst.task_name, inst.doc_id, repeat) in decoded:
+                if (inst.task_name, self.document(inst), repeat) in decoded:
                     continue
                 found = self._store.get(_record_key(inst.args, repeat))
                 if found is None:
                     raise ValueError(
-                        f"lm-eval answered {inst.task_name} doc {inst.doc_id} from its --use_cache file, which holds no "
+                        f"lm-eval answered {inst.task_name} doc {self.document(inst)} from its --use_cache file, which holds no "
                         "spot-eval record of it (the file predates record keeping); rerun with a fresh --use_cache path"
                     )
                 records.append(RequestRecord.from_json(found))
@@ -343,6 +345,13 @@ class SpotLM(LM):
 
     # -- a batch of requests -------------------------------------------------------------------------
 
+    def document(self, inst) -> int | None:
+        """An Instance's document index in its split. Under --samples lm-eval numbers the chosen documents 0, 1, ...
+        (and maps them back only in its own samples files): the records, the resume and the noise key take the
+        split's index, so a document decodes the same whichever selection it is in."""
+        chosen = (self.samples or {}).get(inst.task_name)
+        return chosen[inst.doc_id] if chosen is not None and inst.doc_id is not None else inst.doc_id
+
     def _decode(self, reqs: list) -> list[RequestRecord]:
         """Decode draft-free and by each method, `reqs` batch_size at a time (continuous batching), method after method.
         At batch B > 1 draft-free decoding also runs at batch 1: a request whose batch-B tokens differ from its
@@ -351,12 +360,13 @@ class SpotLM(LM):
         jobs = []
         for req in reqs:
             context, gen_kwargs = req.args
-            key = (req.task_name, req.doc_id)
+            doc_id = self.document(req)
+            key = (req.task_name, doc_id)
             repeat = self._repeat[key]
             self._repeat[key] += 1
             until = tuple(s for s in gen_kwargs.get("until") or () if s)
             max_new = int(gen_kwargs.get("max_gen_toks") or self.config.gen_length)
-            jobs.append(_Job(req, context, repeat, _request_id(req.task_name, req.doc_id, repeat),
+            jobs.append(_Job(req, doc_id, context, repeat, _request_id(req.task_name, doc_id, repeat),
                              replace(self.config, gen_length=max_new, stop_strings=until),
                              tokenizer(context, add_special_tokens=False)["input_ids"]))
         references = generate_batch(self.target, [Request(j.ids, j.config, number=j.number) for j in jobs], b, decode=decode,
@@ -374,7 +384,7 @@ class SpotLM(LM):
                 decoded = generate_batch(self.target, requests, b, decode=decode, record=True)
             except (DraftError, PluginError) as err:  # the method stops, named with its origin; the others go on
                 self.specs.remove(spec)
-                where = f"decoding {jobs[0].req.task_name} doc {jobs[0].req.doc_id}" + (f" and {len(jobs) - 1} more in its batch" if len(jobs) > 1 else "")
+                where = f"decoding {jobs[0].req.task_name} doc {jobs[0].doc_id}" + (f" and {len(jobs) - 1} more in its batch" if len(jobs) > 1 else "")
                 self.session.fail(MethodFailure.of(spec.label, str(spec.origin), err, where))
                 continue
             for got, ref, j, mine in zip(decoded, references, jobs, methods, strict=True):
@@ -387,7 +397,7 @@ class SpotLM(LM):
             alone = None if b == 1 else diverge(ref, generate(self.target, j.ids, j.config, request=j.number, decode=decode,
                                                               record=True, record_margins=True), j.config, mask_id)
             records.append(RequestRecord(
-                task=j.req.task_name, doc_id=j.req.doc_id, repeat=j.repeat, request=j.number,
+                task=j.req.task_name, doc_id=j.doc_id, repeat=j.repeat, request=j.number,
                 prompt_sha256=hashlib.sha256(j.context.encode()).hexdigest()[:16], text=ref.text, methods=mine,
                 batch_size=b, batch_divergence=alone,
             ))

@@ -208,16 +208,19 @@ def _last_words(execute):
 def _reporting(evaluate):
     @functools.wraps(evaluate)
     def wrapped(lm, *args, **kwargs):
+        inner = getattr(lm, "lm", lm)  # unwrap lm-eval's CachingLM
+        ours = hasattr(inner, "session")
+        given = inspect.signature(evaluate).bind_partial(lm, *args, **kwargs).arguments
+        if ours:  # --samples' documents by their index in the split (SpotLM.document)
+            inner.samples = given.get("samples")
         try:
             results = evaluate(lm, *args, **kwargs)
         except ValueError as err:
             if "marked as unsafe" not in str(err):
                 raise
             raise ValueError(f"{err} {UNSAFE_CODE_FIX}") from None
-        inner = getattr(lm, "lm", lm)  # unwrap lm-eval's CachingLM
-        finish = getattr(inner, "finish", None) if hasattr(inner, "session") else None
+        finish = getattr(inner, "finish", None) if ours else None
         if callable(finish):
-            given = inspect.signature(evaluate).bind_partial(lm, *args, **kwargs).arguments
             finish(results, given.get("task_dict"), limit=given.get("limit"))
         return results
 
