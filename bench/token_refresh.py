@@ -35,7 +35,6 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import replace
 
 import torch
 
@@ -90,8 +89,6 @@ def main() -> None:
     blocks = read_blocks(args.trajectories, policy="single")
     projections = read_projections(args.trajectories)
     config = RefreshTrainConfig(seed=args.seed, steps=args.steps)
-    config = replace(config, head=replace(config.head, topk=blocks[0].topk_ids.shape[-1], hidden_dims=blocks[0].hidden.shape[-1],
-                                          embedding_dims=projections["token_coords"].shape[-1]))
     per_block = [block_examples(b, config.head.max_staleness) for b in blocks]
     head, report = train_refresh(concat([e for e in per_block if e is not None]), projections["token_coords"], config)
     held = heldout_split(torch.tensor([b.request for b in blocks]), config.heldout_fraction, config.seed).tolist()

@@ -134,8 +134,7 @@ class RefreshedTokens:
         states [B, K] at `depths`."""
         ctx, temperature = root.ctx, root.ctx.config.sampling.temperature
         b, k = states.shape
-        stale_state = (ctx.state if ctx.stale_state is None else ctx.stale_state).to(states.device)
-        near_tokens, near_new = neighbours(states, stale_state)  # [B, K, 6] each
+        near_tokens, near_new = neighbours(states, ctx.stale_state.to(states.device))  # [B, K, 6] each
         if ctx.stale_hidden is None:
             raise ValueError("SPOT-R reads the target's hidden states behind the stale logits (DraftContext.stale_hidden), "
                              "and this context has none: draft it from the engine, which hands them over")

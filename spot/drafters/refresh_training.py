@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -140,7 +140,9 @@ def train_refresh(examples: RefreshExamples, token_coords: torch.Tensor, config:
     torch.manual_seed(config.seed)
     held = heldout_split(examples.request, config.heldout_fraction, config.seed)
     train, test = examples.take((~held).nonzero().flatten()), examples.take(held.nonzero().flatten())
-    head = RefreshHead(config.head, token_coords)
+    widths = {"topk": examples.inputs.ids.shape[1], "hidden_dims": examples.inputs.hidden.shape[1],
+              "embedding_dims": token_coords.shape[1]}  # the recorded data's
+    head = RefreshHead(replace(config.head, **widths), token_coords)
     optimizer = torch.optim.Adam(head.parameters(), lr=config.lr)
     g = torch.Generator().manual_seed(config.seed)
     for step in range(config.steps):

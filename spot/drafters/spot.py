@@ -204,16 +204,15 @@ class SpotDrafter:
                 # each node read as a root with fresh logits: the order model on its refreshed distribution, the
                 # root's stale top-1 as the forward before it (the model's trend input)
                 prior = Prior(root.lp[:, 0], root.ids[:, 0], torch.tensor(True, device=device))
+                pred = fresh_at.prediction
                 scored = [i for i, d in enumerate(frontier.depths) if self.model_depth is None or d < self.model_depth]
                 if scored:
-                    pred = fresh_at.prediction
                     feats, buckets = features(fresh_at.lp[scored], fresh_at.ids[scored],
                                               Prediction(pred.tokens[scored], pred.probs[scored], pred.margin[scored]),
                                               masked[scored], torch.zeros_like(masked[scored]), last[scored], prior,
                                               self.model.config.buckets)
                     logits = self.model(feats, buckets, masked[scored])
                     order_logits.update(zip((frontier.nodes[i] for i in scored), logits, strict=True))
-                pred = fresh_at.prediction
                 refreshed.update((n, Prediction(pred.tokens[i], pred.probs[i], pred.margin[i])) for i, n in enumerate(frontier.nodes))
             else:  # SPOT: the order model at the first levels, its logits reused below them
                 fresh = [i for i, (n, d) in enumerate(zip(frontier.nodes, frontier.depths, strict=True))

@@ -51,6 +51,13 @@ def state_sha256(state_dict: dict[str, torch.Tensor]) -> str:
     return digest.hexdigest()
 
 
+def projected_sha256(state: dict[str, torch.Tensor], projections: dict[str, dict[str, torch.Tensor]]) -> str:
+    """state_sha256 over a network's weights and the projections it reads through (a set model's, SPOT-R's head's)."""
+    flat = {f"state.{k}": v for k, v in state.items()}
+    flat |= {f"{name}.{k}": v for name, projection in projections.items() for k, v in projection.items()}
+    return state_sha256(flat)
+
+
 @dataclass(frozen=True)
 class DrafterCheckpoint:
     """A loaded, verified checkpoint: `model` holds the weights (eval mode, on the CPU)."""
@@ -117,6 +124,20 @@ def load_checkpoint(path: str | Path) -> DrafterCheckpoint:
         FileNotFoundError: no such file.
         ValueError: naming the file, for a corrupt, truncated or foreign file.
     """
+    raw, corrupt = _read_checkpoint(path)
+    return checkpoint_from_payload(raw, str(path), corrupt)
+
+
+def checkpoint_payload(path: str | Path) -> dict:
+    """The dict a checkpoint file holds, verified as load_checkpoint does (what SPOT-R's file carries of its order
+    model)."""
+    raw, corrupt = _read_checkpoint(path)
+    checkpoint_from_payload(raw, str(path), corrupt)
+    return raw
+
+
+def _read_checkpoint(path: str | Path) -> tuple[dict, Callable[[str], ValueError]]:
+    """The file's dict (read_payload's checks) and the error that names the file for any later defect."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"drafter checkpoint {path} does not exist; train one with spot-eval train-drafter")
@@ -130,13 +151,7 @@ def load_checkpoint(path: str | Path) -> DrafterCheckpoint:
     raw = read_payload(path, FORMAT, KEYS, corrupt, retired={
         old: f"drafter checkpoint {path} was written by an earlier spot-eval: {why}; retrain it with spot-eval "
              "train-drafter on the same trajectories" for old, why in RETIRED.items()})
-    return checkpoint_from_payload(raw, str(path), corrupt)
-
-
-def checkpoint_payload(path: str | Path) -> dict:
-    """The dict a checkpoint file holds, verified first (what SPOT-R's file carries of its order model)."""
-    load_checkpoint(path)
-    return torch.load(path, weights_only=True, map_location="cpu")
+    return raw, corrupt
 
 
 def checkpoint_from_payload(raw: dict, path: str, corrupt: Callable[[str], ValueError]) -> DrafterCheckpoint:

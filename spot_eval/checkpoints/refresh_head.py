@@ -24,8 +24,8 @@ from spot_eval.checkpoints.atomic_file import write_atomically
 from spot_eval.checkpoints.drafter import (
     DrafterCheckpoint,
     checkpoint_from_payload,
+    projected_sha256,
     read_payload,
-    state_sha256,
 )
 from spot_eval.checkpoints.fingerprint import IDENTITY, check_fingerprint, target_fingerprint
 
@@ -50,18 +50,12 @@ class RefreshFile:
     order: DrafterCheckpoint
 
 
-def _digest(state: dict[str, torch.Tensor], projections: dict[str, dict[str, torch.Tensor]]) -> str:
-    flat = {f"state.{k}": v for k, v in state.items()}
-    flat |= {f"{name}.{k}": v for name, projection in projections.items() for k, v in projection.items()}
-    return state_sha256(flat)
-
-
 def save_refresh(path: str | Path, head: RefreshHead, hidden: Projection, embedding: Projection, fingerprint: dict,
                  metrics: dict, order: dict) -> None:
     """Write atomically (temp file + rename); `order` is the order model's checkpoint dict (checkpoint_payload)."""
     state = {k: v.detach().cpu().clone() for k, v in head.state_dict().items()}
     projections = {"hidden": hidden.to_dict(), "embedding": embedding.to_dict()}
-    payload = {"format": FORMAT, "state_dict": state, "projections": projections, "sha256": _digest(state, projections),
+    payload = {"format": FORMAT, "state_dict": state, "projections": projections, "sha256": projected_sha256(state, projections),
                "config": head.config.to_dict(), "fingerprint": dict(fingerprint), "metrics": metrics, "order": order}
     write_atomically(path, lambda tmp: torch.save(payload, tmp))
 
@@ -77,7 +71,7 @@ def load_refresh(path: str | Path) -> RefreshFile:
 
     raw = read_payload(path, FORMAT, KEYS, corrupt)
     try:
-        if _digest(raw["state_dict"], raw["projections"]) != raw["sha256"]:
+        if projected_sha256(raw["state_dict"], raw["projections"]) != raw["sha256"]:
             raise corrupt("the weights or projections do not match their recorded sha256")
         config = RefreshConfig(**raw["config"])
         hidden, embedding = (Projection.from_dict(raw["projections"][k]) for k in ("hidden", "embedding"))

@@ -21,7 +21,7 @@ import torch
 
 from spot.drafters.set_model import LearnedSets, Projection, SetModel, SetModelConfig
 from spot_eval.checkpoints.atomic_file import write_atomically
-from spot_eval.checkpoints.drafter import read_payload, state_sha256
+from spot_eval.checkpoints.drafter import projected_sha256, read_payload
 from spot_eval.checkpoints.fingerprint import IDENTITY, check_fingerprint, target_fingerprint
 
 FORMAT = "spot-set-model/1"
@@ -42,18 +42,12 @@ class SetModelFile:
     metrics: dict
 
 
-def _digest(state: dict[str, torch.Tensor], projections: dict[str, dict[str, torch.Tensor]]) -> str:
-    flat = {f"state.{k}": v for k, v in state.items()}
-    flat |= {f"{name}.{k}": v for name, projection in projections.items() for k, v in projection.items()}
-    return state_sha256(flat)
-
-
 def save_set_model(path: str | Path, model: SetModel, hidden: Projection, embedding: Projection, fingerprint: dict,
                    threshold: float, metrics: dict) -> None:
     """Write atomically (temp file + rename)."""
     state = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
     projections = {"hidden": hidden.to_dict(), "embedding": embedding.to_dict()}
-    payload = {"format": FORMAT, "state_dict": state, "projections": projections, "sha256": _digest(state, projections),
+    payload = {"format": FORMAT, "state_dict": state, "projections": projections, "sha256": projected_sha256(state, projections),
                "config": model.config.to_dict(), "fingerprint": dict(fingerprint), "threshold": float(threshold),
                "metrics": metrics}
     write_atomically(path, lambda tmp: torch.save(payload, tmp))
@@ -70,7 +64,7 @@ def load_set_model(path: str | Path) -> SetModelFile:
 
     raw = read_payload(path, FORMAT, KEYS, corrupt)
     try:
-        if _digest(raw["state_dict"], raw["projections"]) != raw["sha256"]:
+        if projected_sha256(raw["state_dict"], raw["projections"]) != raw["sha256"]:
             raise corrupt("the weights or projections do not match their recorded sha256")
         model = SetModel(SetModelConfig(**raw["config"]))
         model.load_state_dict(raw["state_dict"], strict=True)

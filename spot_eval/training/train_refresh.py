@@ -4,7 +4,6 @@ recorded with hidden states, and write it with the SPOT order model whose trees 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 
 from spot.drafters.refresh_training import RefreshTrainConfig, block_examples, concat, train_refresh
@@ -38,8 +37,6 @@ def train_refresh_command(trajectories: str | Path, order_model: str | Path, out
         raise ValueError(f"{trajectories} holds no hidden states: collect with --hidden-dims 64")
     examples = concat(parts)
     hidden, embedding = (Projection.from_dict(projections[k]) for k in ("hidden", "embedding"))
-    widths = {"topk": blocks[0].topk_ids.shape[-1], "hidden_dims": hidden.dims, "embedding_dims": embedding.dims}
-    config = replace(config, head=replace(config.head, **widths))
     head, metrics = train_refresh(examples, projections["token_coords"], config, progress)
     metrics = {**metrics, "parameters": sum(p.numel() for p in head.parameters()), "steps": config.steps,
                "order_model": str(order_model)}
