@@ -1,6 +1,6 @@
 """The lossless rivals side by side: forwards saved at equal pieces per verify, and wall clock, on every task.
 
-SPOT (and SPOT-R, its refreshed-token tree) against the FreeDave chain under single-commit decoding, and SPOT-Sets against FreeDave++ (the chain on
+SPOT (and SPOT-R, its refreshed-token tree, and SPOT-RC, SPOT-R ordered by its refreshed confidences) against the FreeDave chain under single-commit decoding, and SPOT-Sets against FreeDave++ (the chain on
 threshold decoding, tau 0.9), each at the same budgets (N drafted states beside the root: N + 1 pieces a verify),
 with the oracle drafter (the true future: N + 1 steps a verify) as the ceiling, on the embedded target at T = 0
 and T = 1; and Spiffy v4 and v1 at D* = 3 on the same graph. At T = 1 FreeDave's own sampling rule runs too (`freedave_reused`: the last forward's sample reused at
@@ -16,7 +16,7 @@ task (by default past the ones the committed comparison decodes). Prints one JSO
 (T, policy, budget): which of the trained and the training-free drafter saved more forwards, task by task.
 
 Usage: python bench/peers.py [--prompts 40] [--first 40] [--gen 128] [--budgets 4+8] [--tasks gsm8k+mbpp] [--temperatures 0+1]
-           [--policies single+threshold] [--methods spot+spot_r+freedave+oracle] [--threads 1]
+           [--policies single+threshold] [--methods spot+spot_r+spot_rc+freedave+oracle] [--threads 1]
 """
 
 from __future__ import annotations
@@ -52,7 +52,8 @@ def methods(target, policy: str, budgets: list[int], temperature: float, only: s
         out[f"freedave@{n}"] = n, build_drafter(MethodSpec("freedave", n), target, policy)
         if policy == "single":  # SPOT's tree with the chain grafted in (spot.drafters.hybrid), and with refreshed tokens
             out[f"hybrid@{n}"] = n, build_drafter(MethodSpec("hybrid", n), target, policy)
-            out[f"spot_r@{n}"] = n, build_drafter(MethodSpec("spot_r", n), target, policy)
+            for name in ("spot_r", "spot_rc"):
+                out[f"{name}@{n}"] = n, build_drafter(MethodSpec(name, n), target, policy)
         if temperature > 0:
             out[f"freedave_reused@{n}"] = n, build_drafter(MethodSpec("freedave_reused", n), target, policy)
         out[f"oracle@{n}"] = n, None

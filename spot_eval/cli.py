@@ -314,6 +314,8 @@ def _train_refresh_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=int, default=512)
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--heldout", type=float, default=0.25, help="fraction of the requests held out for the report")
+    p.add_argument("--order-temperature", type=float, default=None,
+                   help="SPOT-RC's order temperature (default: fitted by the likelihood of the held-out commits)")
     _threads_flag(p)
 
 
@@ -336,7 +338,8 @@ def _train_refresh(args: argparse.Namespace) -> None:
             steps.update(step - steps.n)
             steps.set_postfix(loss=f"{loss:.3f}", refresh=False)
 
-        metrics = train_refresh_command(args.trajectories, args.order_model, args.out, config, examples, progress)
+        metrics = train_refresh_command(args.trajectories, args.order_model, args.out, config, examples, progress,
+                                        args.order_temperature)
     print(json.dumps({"out": args.out, **metrics}))
 
 

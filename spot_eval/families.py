@@ -80,14 +80,20 @@ def _hybrid(b: Build) -> Drafter:
     return HybridDrafter(_spot(b))  # calibrated: SPOT's reach beside the chain's rate on the request
 
 
-def _spot_r(b: Build) -> Drafter:
+def _spot_r(b: Build, name: str = "spot_r", mode: str = "model") -> Drafter:
     from spot.drafters.spot import SpotDrafter
     from spot_eval.checkpoints.refresh_head import refresh_for_target
 
-    order, tokens = refresh_for_target(b.target, b.policy, b.path)
-    # every node's order read from its refreshed distribution (model_depth=1, the root's only, saves drafting time
-    # for fewer forwards saved: bench/peers.py)
-    return SpotDrafter(order.model.to(b.target.device), name="spot_r", tokens=tokens, model_depth=None)
+    order, tokens, stale = refresh_for_target(b.target, b.policy, b.path)
+    # spot_r: every node's order read by the order model from its refreshed distribution (model_depth=1, the root's
+    # only, saves drafting time for fewer forwards saved: bench/peers.py); spot_rc: from the refreshed confidences,
+    # no model call
+    return SpotDrafter(order.model.to(b.target.device), name=name, tokens=tokens, model_depth=None, stale=stale,
+                       mode=mode)
+
+
+def _spot_rc(b: Build) -> Drafter:
+    return _spot_r(b, "spot_rc", "stale")
 
 
 def _sets(b: Build) -> Drafter:
@@ -120,6 +126,8 @@ FAMILIES = (
     Method("spot_r", _spot_r, "SPOT-R", "#005A8C", (REFRESH_HEAD,), hatch="++",
            cost="SPOT's, trajectories with hidden states and a trained refresh head (spot-eval collect --hidden-dims, "
                 "train-refresh)"),
+    Method("spot_rc", _spot_rc, "SPOT-RC", "#3A9BD9", (REFRESH_HEAD,), hatch="--",
+           cost="SPOT-R's: its refreshed confidences order each node in place of the order model (no model call)"),
     Method("sets", _sets, "SPOT-Sets", "#CC79A7", (SET_MODEL, SET_PREDICTOR),
            cost="threshold trajectories with hidden states and a trained set model (spot-eval collect, train-sets)"),
     Method("sets_max", _sets, "SPOT-Sets (max-commit)", "#D55E00", (SET_MODEL, SET_PREDICTOR), acceptance="max_commit",

@@ -103,6 +103,8 @@ CLI_CASES = [
     (["train-refresh", "--trajectories", "/nowhere", "--order-model", "o.pt", "--out", "x.pt", "--steps", "0"],
      "steps (0) and batch_size (512) must be >= 1"),
     (["train-refresh", "--trajectories", "/nowhere", "--order-model", "o.pt", "--out", "x.pt"], "/nowhere holds no trajectories"),
+    (["train-refresh", "--trajectories", "/nowhere", "--order-model", "o.pt", "--out", "x.pt", "--order-temperature", "0"],
+     "--order-temperature must be positive, got 0.0; leave it out to fit one"),
     (["fit-gamma", "--drafter", "x.pt", "--trajectories", "/nowhere", "--budget", "0"], "--budget must be >= 1, got 0"),
     (["spiffy-calibrate", "--out", "g.json", "--prompts", "0"], "--prompts (0), --max-nodes (10), --max-depth (6) and --topk (8) must be >= 1"),
     (["spiffy-calibrate", "--out", "g.json", "--seed", "-5"], "seed must be in [0, 2**32)"),

@@ -117,7 +117,8 @@ def test_every_drafter_is_lossless_and_batch_invariant(name, temperature):
         graph = calibrated(target, 16, "single")
         drafters.append(lambda ref: SpiffyDrafter(graph, prune_to=3))
         spot_r = refreshed(target, 1, wild=True)  # SPOT-R's head reads each request's own hidden states and nodes
-        drafters.append(lambda ref: spot_r)
+        spot_rc = refreshed(target, 1, wild=True, mode="stale")  # and SPOT-RC's order, its refreshed confidences
+        drafters += [lambda ref: spot_r, lambda ref: spot_rc]
     for make in drafters:
         speculative = [replace(r, config=replace(r.config, budget=4, cross_block=config.cross_block), drafter=make(ref))
                        for r, ref in zip(requests, references, strict=True)]

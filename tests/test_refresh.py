@@ -18,9 +18,17 @@ from spot import DecodeConfig, Sampling, generate
 from spot.drafters.order_examples import RecordedBlock
 from spot.drafters.order_model import OrderModel
 from spot.drafters.refresh import OFFSETS, RefreshConfig, RefreshedTokens, RefreshHead, neighbours
-from spot.drafters.refresh_training import RefreshTrainConfig, block_examples, concat, drawn, train_refresh
+from spot.drafters.refresh_training import (
+    RefreshTrainConfig,
+    block_examples,
+    concat,
+    drawn,
+    fit_refreshed_order,
+    train_refresh,
+)
 from spot.drafters.set_model import Projection
 from spot.drafters.spot import SpotDrafter
+from spot.drafters.stale import StaleOrder
 from spot_eval.checkpoints.drafter import checkpoint_payload
 from spot_eval.checkpoints.refresh_head import load_refresh, save_refresh
 from spot_eval.checkpoints.shipped import shipped_drafter
@@ -53,6 +61,7 @@ def test_every_masked_position_of_a_step_is_an_example_with_the_fresh_distributi
     # step 1: masked 1, 2, 3 at Δ = 1; step 2: masked 2, 3 at Δ = 1, 2; step 3: masked 2 at Δ = 1, 2
     assert rows.inputs.staleness.tolist() == [1, 1, 1, 1, 1, 2, 2, 1, 2]
     assert rows.token.tolist() == [6, -1, -1, -1, 7, -1, 7, 8, 8]
+    assert rows.position.tolist() == [1, 2, 3, 2, 3, 2, 3, 2, 2] and rows.step.tolist() == [1, 1, 1, 2, 2, 2, 2, 3, 3]
     # step 2, Δ = 1, position 3 (row 4): step 1's candidates there are (2, 7); behind step 2 the target ranks 7 first
     assert rows.inputs.ids[4].tolist() == [2, 7]
     assert rows.fresh[4, 1] == pytest.approx(math.log(0.6)) and rows.fresh[4, 0] == pytest.approx(math.log(0.3) - 1.0)
@@ -62,6 +71,23 @@ def test_every_masked_position_of_a_step_is_an_example_with_the_fresh_distributi
     assert rows.inputs.near_new[4, at[-2]] == 1 and rows.inputs.near_tokens[4, at[-2]] == 6  # position 1's 6
     committed = rows.token >= 0
     assert (drawn(rows.inputs.lp, rows) == rows.token)[committed].tolist() == [True, False, True, False, True]
+
+
+def test_the_refreshed_order_is_fitted_on_each_node_s_committed_position():
+    """Five nodes of test_token_drift's block (step, Δ): (1, 1), (2, 1), (2, 2), (3, 1), (3, 2); steps 1 and 2 commit
+    positions 1 and 3. Confidences that put each node's commit first fit a sharp order; ones that put it last, as
+    flat a one as the grid allows. The last step's nodes have one masked position: always right."""
+    rows = block_examples(with_hidden(block()), max_staleness=2)
+    committed = rows.token >= 0
+
+    def confidences(committing: float, other: float) -> torch.Tensor:  # [N, 2] top-2 log-probabilities
+        top = torch.where(committed, committing, other)
+        return torch.stack([top, 1 - top], -1).log()
+
+    right = fit_refreshed_order(confidences(0.9, 0.6), rows)
+    assert right.steps == 5 and right.top1 == 1.0 and right.temperature < 0.03
+    wrong = fit_refreshed_order(confidences(0.6, 0.9), rows)
+    assert wrong.top1 == pytest.approx(2 / 5) and wrong.temperature > right.temperature
 
 
 def test_training_learns_the_fresh_tokens_from_recorded_decodes():
@@ -80,12 +106,13 @@ def test_training_learns_the_fresh_tokens_from_recorded_decodes():
                                  RefreshTrainConfig(steps=60, batch_size=64, head=SMALL), lambda step, loss: losses.append(loss))
     assert sum(losses[-10:]) < sum(losses[:10])
     assert report["heldout"] > 0 and set(report["top1"]) and all(0 <= v["refreshed"] <= 1 for v in report["top1"].values())
+    assert report["order"]["temperature"] > 0 and 0 <= report["order"]["top1"] <= 1 and report["order"]["steps"] > 0
     assert not head.training
 
 
-def refreshed(target, seed: int, wild: bool = False) -> SpotDrafter:
+def refreshed(target, seed: int, wild: bool = False, mode: str = "model") -> SpotDrafter:
     """SPOT-R with random weights (wild: the head's reading of the neighbours large enough to overturn the stale
-    ranking, so its trees differ from SPOT's)."""
+    ranking, so its trees differ from SPOT's); mode "stale": SPOT-RC, the refreshed confidences order the nodes."""
     torch.manual_seed(seed)
     embeddings = target.embeddings().detach().float()
     head = RefreshHead(SMALL, Projection.fit(embeddings, SMALL.embedding_dims)(embeddings))
@@ -93,8 +120,8 @@ def refreshed(target, seed: int, wild: bool = False) -> SpotDrafter:
         torch.nn.init.normal_(head.neighbour, std=3.0)
         torch.nn.init.normal_(head.query.weight, std=3.0)
     hidden = Projection.fit(torch.randn(64, embeddings.shape[1]), SMALL.hidden_dims)
-    return SpotDrafter(OrderModel(), gate=0.9, name=f"spot_r{seed}", tokens=RefreshedTokens(head.eval(), hidden),
-                       model_depth=None if wild else 1)  # every node's order refreshed, or the root's only
+    return SpotDrafter(OrderModel(), gate=0.9, name=f"spot_r{seed}{mode}", tokens=RefreshedTokens(head.eval(), hidden),
+                       model_depth=None if wild else 1, stale=StaleOrder(0.05), mode=mode)  # every node's order, or the root's
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -104,7 +131,10 @@ def test_refreshed_trees_are_lossless(temperature, dtype):
     prompt = list(range(1, 12))
     config = DecodeConfig(block_length=16, gen_length=32, sampling=Sampling(temperature), seed=2)
     reference = generate(target, prompt, config)
-    for drafter, shapes in ((refreshed(target, 0), ((8, True),)), (refreshed(target, 1, wild=True), ((1, False), (8, True), (20, False)))):
+    rc = refreshed(target, 3, wild=True, mode="stale")
+    rc.model.register_forward_hook(lambda *args: pytest.fail("SPOT-RC called the order model"))
+    for drafter, shapes in ((refreshed(target, 0), ((8, True),)), (refreshed(target, 1, wild=True), ((1, False), (8, True), (20, False))),
+                            (rc, ((2, False), (8, True)))):
         for budget, cross_block in shapes:
             got = generate(target, prompt, replace(config, budget=budget, cross_block=cross_block), drafter=drafter)
             assert got.token_ids == reference.token_ids, (drafter.name, budget, cross_block)
@@ -117,15 +147,27 @@ def test_a_spot_r_file_round_trips_and_refuses_damage(tmp_path):
     path, fingerprint = tmp_path / "spot_r.pt", {"tokenizer_sha256": "a", "weights_digest": "b", "block_length": 16,
                                                  "policy": "single"}
     order = checkpoint_payload(shipped_drafter("spot", 32))
-    save_refresh(path, drafter.tokens.head, drafter.tokens.hidden, drafter.tokens.hidden, fingerprint, {"steps": 1}, order)
+    save_refresh(path, drafter.tokens.head, drafter.tokens.hidden, drafter.tokens.hidden, fingerprint, {"steps": 1}, order,
+                 StaleOrder(0.04))
     loaded = load_refresh(path)
-    assert loaded.fingerprint == fingerprint and loaded.order.config.topk == 32
+    assert loaded.fingerprint == fingerprint and loaded.order.config.topk == 32 and loaded.stale == StaleOrder(0.04)
     assert all(torch.equal(loaded.state_dict[k], v) for k, v in drafter.tokens.head.state_dict().items())
     raw = torch.load(path, weights_only=True)
     raw["state_dict"]["scale"] = raw["state_dict"]["scale"] + 1
     torch.save(raw, tmp_path / "edited.pt")
     with pytest.raises(ValueError, match="do not match their recorded sha256"):
         load_refresh(tmp_path / "edited.pt")
+    raw = torch.load(path, weights_only=True)
+    raw["stale"]["temperature"] = -1.0
+    torch.save(raw, tmp_path / "edited.pt")
+    with pytest.raises(ValueError, match="corrupt .*the refreshed order: ValueError"):
+        load_refresh(tmp_path / "edited.pt")
+    raw["format"] = "spot-refresh-head/1"
+    torch.save(raw, tmp_path / "edited.pt")
+    with pytest.raises(ValueError, match="predates the refreshed order's temperature.*spot-eval train-refresh"):
+        load_refresh(tmp_path / "edited.pt")
+    with pytest.raises(ValueError, match="'stale' given the stale order's temperature; got 'stale' without one"):
+        SpotDrafter(OrderModel(), tokens=drafter.tokens, mode="stale")
     with pytest.raises(ValueError, match="not a SPOT-R drafter .*format 'spot-order-model/3'"):
         load_refresh(shipped_drafter("spot", 32))
     with pytest.raises(FileNotFoundError, match="spot-eval train-refresh"):
@@ -141,8 +183,9 @@ def test_the_shipped_drafter_decodes_the_embedded_target_losslessly_and_refuses_
 
     for temperature in ("0", "1"):
         free = decode("--method", "draft_free", "--temperature", temperature)
-        got = decode("--method", "spot_r", "--budget", "8", "--temperature", temperature)
-        assert got["token_ids"] == free["token_ids"] and got["forwards"] < free["forwards"]
+        for method in ("spot_r", "spot_rc"):
+            got = decode("--method", method, "--budget", "8", "--temperature", temperature)
+            assert got["token_ids"] == free["token_ids"] and got["forwards"] < free["forwards"], method
     with pytest.raises(SystemExit):
         decode("--method", "spot_r", "--budget", "8", "--unmasking", "threshold", "--drafter", str(shipped_drafter("spot_r", 32)))
     assert "was trained for target" in capsys.readouterr().err

@@ -34,7 +34,7 @@ def test_shipped_spot_and_spiffy_are_lossless_on_the_embedded_target(target, tem
 
 def test_each_policy_gets_the_drafter_shipped_for_it(target):
     for method, policy in (("spot", "single"), ("spot", "threshold"), ("spiffy", "single"), ("spiffy", "threshold"),
-                           ("sets", "threshold"), ("spot_r", "single")):
+                           ("sets", "threshold"), ("spot_r", "single"), ("spot_rc", "single")):
         path = drafter_file(MethodSpec(method, 8), 32, policy)
         assert path == shipped_drafter(method, 32, policy) and path.is_file()
         other = "threshold" if policy == "single" else "single"

@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from spot.drafters.order_examples import RecordedBlock
 from spot.drafters.order_model import predict, step_noise_at_topk
 from spot.drafters.refresh import RefreshConfig, RefreshHead, RefreshInputs, neighbours
+from spot.drafters.stale import StaleFit, fit_order
 
 
 @dataclass(frozen=True)
@@ -47,11 +48,15 @@ class RefreshTrainConfig:
                              f"({self.heldout_fraction}) in [0, 1)")
 
 
+FIELDS = ("fresh", "mass", "token", "noise", "temperature", "request", "block", "step", "position")  # RefreshExamples' beside its inputs
+
+
 @dataclass(frozen=True)
 class RefreshExamples:
     """N examples: the head's inputs; the fresh log-probabilities of the candidates [N, k] and the log of the fresh
     mass they hold [N] (the targets); the token the step commits there [N] (-1 where it commits elsewhere); the
-    step's noise at the candidates [N, k] (zeros at T = 0); per row its temperature, request and step t."""
+    step's noise at the candidates [N, k] (zeros at T = 0); per row its temperature, request, block (its index in
+    the request), step t and position in the block."""
 
     inputs: RefreshInputs
     fresh: torch.Tensor
@@ -60,7 +65,9 @@ class RefreshExamples:
     noise: torch.Tensor
     temperature: torch.Tensor
     request: torch.Tensor
+    block: torch.Tensor
     step: torch.Tensor
+    position: torch.Tensor
 
     def __len__(self) -> int:
         return len(self.token)
@@ -68,8 +75,7 @@ class RefreshExamples:
     def take(self, rows: torch.Tensor) -> RefreshExamples:
         x = self.inputs
         inputs = RefreshInputs(x.lp[rows], x.ids[rows], x.hidden[rows], x.near_tokens[rows], x.near_new[rows], x.staleness[rows])
-        return RefreshExamples(inputs, *(getattr(self, f)[rows] for f in ("fresh", "mass", "token", "noise", "temperature",
-                                                                          "request", "step")))
+        return RefreshExamples(inputs, *(getattr(self, f)[rows] for f in FIELDS))
 
 
 def block_examples(block: RecordedBlock, max_staleness: int) -> RefreshExamples | None:
@@ -101,27 +107,59 @@ def block_examples(block: RecordedBlock, max_staleness: int) -> RefreshExamples 
                 RefreshInputs(block.topk_logprobs[s, masked].float(), ids, block.hidden[s, masked].float(),
                               near_tokens[0, masked], near_new[0, masked], torch.full((m,), delta)),
                 fresh, mass, token, noise, torch.full((m,), float(block.temperature)),
-                torch.full((m,), block.request, dtype=torch.long), torch.full((m,), t, dtype=torch.long)))
+                *(torch.full((m,), v, dtype=torch.long) for v in (block.request, block.block, t)), masked))
     return concat(parts) if parts else None
 
 
 def concat(parts: Sequence[RefreshExamples]) -> RefreshExamples:
     cat = lambda name, source=lambda p: p: torch.cat([getattr(source(p), name) for p in parts])  # noqa: E731
     inputs = RefreshInputs(*(cat(f, lambda p: p.inputs) for f in ("lp", "ids", "hidden", "near_tokens", "near_new", "staleness")))
-    return RefreshExamples(inputs, *(cat(f) for f in ("fresh", "mass", "token", "noise", "temperature", "request", "step")))
+    return RefreshExamples(inputs, *(cat(f) for f in FIELDS))
 
 
 def drawn(lp: torch.Tensor, examples: RefreshExamples) -> torch.Tensor:
     """[N] the candidate each row's log-probabilities [N, k] rank first as the target draws
     (spot.drafters.order_model.predict, per temperature)."""
-    tokens = torch.empty_like(examples.token)
+    return _drawn(lp, examples)[0]
+
+
+def _drawn(lp: torch.Tensor, examples: RefreshExamples) -> tuple[torch.Tensor, torch.Tensor]:
+    """[N] the candidate each row's log-probabilities rank first as the target draws, and its confidence."""
+    tokens, confidence = torch.empty_like(examples.token), torch.empty(len(examples))
     for t in examples.temperature.unique().tolist():
         rows = examples.temperature == t
         ranked, order = lp[rows].sort(dim=-1, descending=True, stable=True)
         ids = examples.inputs.ids[rows].gather(-1, order)
         pred = predict(ranked, ids, t, examples.noise[rows].gather(-1, order) if t > 0 else None)
-        tokens[rows] = pred.tokens[:, 0]
-    return tokens
+        tokens[rows], confidence[rows] = pred.tokens[:, 0], pred.probs[:, 0]
+    return tokens, confidence
+
+
+def fit_refreshed_order(lp: torch.Tensor, examples: RefreshExamples) -> StaleFit:
+    """The temperature at which the confidences of the drawn tokens under the refreshed log-probabilities lp
+    [N, k] order each node's positions (spot.drafters.stale.fit_order), what SpotDrafter's mode "stale" reads
+    in place of the order model: a node is one (temperature, request, block, step, Δ) of the examples, its
+    truth the position the step commits."""
+    confidence = _drawn(lp, examples)[1].clamp_min(1e-12).log()
+    keys = torch.stack([examples.temperature.double().mul(1e6).round().long(), examples.request, examples.block,
+                        examples.step, examples.inputs.staleness], -1)  # [N, 5]
+    node, at = keys.unique(dim=0, return_inverse=True)  # at: [N] each row's node
+    log_conf = torch.full((len(node), int(examples.position.max()) + 1), -math.inf)  # [S, K]
+    log_conf[at, examples.position] = confidence
+    committed = examples.token >= 0
+    truth = torch.full((len(node),), -1, dtype=torch.long)
+    truth[at[committed]] = examples.position[committed]
+    fitted = truth >= 0
+    if not fitted.any():
+        raise ValueError("no committed positions to fit the refreshed order on: pass examples of recorded steps")
+    return fit_order(log_conf[fitted], truth[fitted])
+
+
+@torch.no_grad()
+def _head_lp(head: RefreshHead, examples: RefreshExamples, chunk: int = 65536) -> torch.Tensor:
+    """[N, k] the head's log-probabilities, `chunk` rows at a time (a row's candidates' embeddings are [k, E])."""
+    return torch.cat([head(examples.take(torch.arange(i, min(i + chunk, len(examples)))).inputs)
+                      for i in range(0, len(examples), chunk)])
 
 
 def heldout_split(requests: torch.Tensor, fraction: float, seed: int) -> torch.Tensor:
@@ -135,7 +173,8 @@ def heldout_split(requests: torch.Tensor, fraction: float, seed: int) -> torch.T
 def train_refresh(examples: RefreshExamples, token_coords: torch.Tensor, config: RefreshTrainConfig,
                   progress: Callable[[int, float], None] | None = None) -> tuple[RefreshHead, dict]:
     """The trained head (eval mode) and the held-out report: {"examples", "heldout", "top1": {Δ: {"stale",
-    "refreshed"}}, "seconds"}: the share of held-out commits whose token each ranks first, as the target draws."""
+    "refreshed"}}, "order", "seconds"}: the share of held-out commits whose token each ranks first, as the target
+    draws, and the refreshed order's fit (fit_refreshed_order, a StaleFit's fields)."""
     started = time.perf_counter()
     torch.manual_seed(config.seed)
     held = heldout_split(examples.request, config.heldout_fraction, config.seed)
@@ -157,10 +196,12 @@ def train_refresh(examples: RefreshExamples, token_coords: torch.Tensor, config:
             progress(step + 1, loss.item())
     head.eval()
     report = {"examples": len(examples), "heldout": len(test), "top1": {}, "seconds": 0.0}
+    fitted_on = test if len(test) else train  # the order's temperature, on the held-out requests where there are some
+    lp = _head_lp(head, fitted_on)
+    report["order"] = asdict(fit_refreshed_order(lp, fitted_on))
     committed = test.token >= 0
     if committed.any():
-        with torch.no_grad():
-            stale, refreshed = drawn(test.inputs.lp, test) == test.token, drawn(head(test.inputs), test) == test.token
+        stale, refreshed = drawn(test.inputs.lp, test) == test.token, drawn(lp, test) == test.token
         for delta in sorted(test.inputs.staleness[committed].unique().tolist()):
             at = committed & (test.inputs.staleness == delta)
             report["top1"][int(delta)] = {"stale": float(stale[at].float().mean()), "refreshed": float(refreshed[at].float().mean())}

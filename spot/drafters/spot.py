@@ -55,8 +55,11 @@ class SpotDrafter:
     tokens: SPOT-R's refreshed tokens (spot.drafters.refresh.RefreshedTokens): each node's tokens and their
         probabilities come from the refresh head on what the node's path committed, one head call per
         frontier, and each node gets its own edge table; its order logits, at the levels model_depth
-        scores, come from the order model reading that refreshed distribution (None: every level);
-        None: the stale draw of the node's step (SPOT).
+        scores, come from the order model reading that refreshed distribution (None: every level), or
+        in mode "stale" from the refreshed confidences (no model call); None: the stale draw of the
+        node's step (SPOT).
+    mode: the mode of a context that names none (budget=auto's plan names one per block): "model", or
+        "stale", the confidences in place of the order model (needs `stale`, the fitted temperature).
     """
 
     def __init__(
@@ -69,12 +72,17 @@ class SpotDrafter:
         reach: ReachCalibration | None = None,
         stale: StaleOrder | None = None,
         tokens: RefreshedTokens | None = None,
+        mode: str = "model",
     ) -> None:
         if not 0.0 <= gate <= 1.0:
             raise ValueError(f"token gate must be in [0, 1], got {gate}")
         if model_depth is not None and model_depth < 1:
             raise ValueError(f"model_depth must be >= 1 (the root needs the model) or None, got {model_depth}")
+        if mode not in ("model", "stale") or (mode == "stale" and stale is None):
+            raise ValueError(f"SPOT drafts in mode 'model', or 'stale' given the stale order's temperature; got {mode!r}"
+                             f"{' without one' if mode == 'stale' else ''}")
         self.model = model.eval()
+        self.mode = mode
         self.gate = gate
         self.gamma = tuple(gamma) if gamma else None
         self.reach = reach
@@ -113,11 +121,14 @@ class SpotDrafter:
         root = self._root(ctx, lp, ids, prior)
         return self._grow(root, None if self.tokens is not None else self._root_logits([root])[0])
 
+    def _mode(self, ctx: DraftContext) -> str:
+        return ctx.mode or self.mode
+
     def _stale_topk(self, ctx: DraftContext) -> tuple[torch.Tensor, torch.Tensor, Prior | None]:
         """The stale top-k ([K, k] log-probabilities and ids) and the prior's top-1 the tree reads."""
         lp, ids = topk_logprobs(ctx.stale_logits, self.model.config.topk, ctx.mask_id)
         prior = None
-        if ctx.prior_logits is not None and ctx.mode != "stale":  # the stale order reads no trend
+        if ctx.prior_logits is not None and self._mode(ctx) != "stale":  # the stale order reads no trend
             prior_lp, prior_ids = topk_logprobs(ctx.prior_logits, 1, ctx.mask_id)
             prior = Prior(prior_lp[:, 0], prior_ids[:, 0], torch.tensor(True))
         return lp, ids, prior
@@ -125,7 +136,7 @@ class SpotDrafter:
     def _root(self, ctx: DraftContext, lp: torch.Tensor, ids: torch.Tensor, prior: Prior | None) -> _Root:
         if ctx.mode not in (None, "model", "stale"):
             raise ValueError(f"SPOT drafts in mode 'model' or 'stale', not {ctx.mode!r}")
-        if ctx.mode == "stale" and self.stale is None:
+        if self._mode(ctx) == "stale" and self.stale is None:
             raise ValueError("mode 'stale' needs the stale order's temperature: calibrate the drafter (spot-eval calibrate-reach)")
         device = next(self.model.parameters()).device
         lp, ids = lp.to(device), ids.to(device)
@@ -141,7 +152,7 @@ class SpotDrafter:
         out: dict[int, torch.Tensor] = {}
         modelled = []
         for i, root in enumerate(roots):
-            if root.ctx.mode == "stale":
+            if self._mode(root.ctx) == "stale":
                 out[i] = self.stale.logits(root.prediction(0).probs[:, 0], root.masked)
             else:
                 modelled.append(i)
@@ -165,7 +176,7 @@ class SpotDrafter:
     def _grow(self, root: _Root, root_logits: torch.Tensor | None) -> DraftTree:
         """Best-first growth of root's tree, the root scored by `root_logits` [K] (None: SPOT-R's, scored in growth)."""
         ctx, device = root.ctx, root.masked.device
-        stale_mode = ctx.mode == "stale"
+        stale_mode = self._mode(ctx) == "stale"
         # node id -> [K] its masked positions; the root's parent (-1) is the state of the stale logits,
         # so each node's last commit is where its parent was masked and it is not
         masked_at = {-1: root.before, 0: root.masked}
@@ -199,14 +210,16 @@ class SpotDrafter:
             masked = nodes == ctx.mask_id
             if self.tokens is not None:  # SPOT-R: every node's tokens and order from its own refreshed distribution
                 fresh_at = self.tokens.refresh(root, nodes, frontier.depths)  # [B, K, ...]
-                masked_at.update(zip(frontier.nodes, masked, strict=True))
-                last = torch.stack([masked_at[p] for p in frontier.parents]) & ~masked  # [B, K]
-                # each node read as a root with fresh logits: the order model on its refreshed distribution, the
-                # root's stale top-1 as the forward before it (the model's trend input)
-                prior = Prior(root.lp[:, 0], root.ids[:, 0], torch.tensor(True, device=device))
                 pred = fresh_at.prediction
                 scored = [i for i, d in enumerate(frontier.depths) if self.model_depth is None or d < self.model_depth]
-                if scored:
+                if stale_mode:  # the refreshed confidences order every node: no model call
+                    order_logits.update(zip(frontier.nodes, self.stale.logits(pred.probs[..., 0], masked), strict=True))
+                elif scored:
+                    masked_at.update(zip(frontier.nodes, masked, strict=True))
+                    last = torch.stack([masked_at[p] for p in frontier.parents]) & ~masked  # [B, K]
+                    # each node read as a root with fresh logits: the order model on its refreshed distribution, the
+                    # root's stale top-1 as the forward before it (the model's trend input)
+                    prior = Prior(root.lp[:, 0], root.ids[:, 0], torch.tensor(True, device=device))
                     feats, buckets = features(fresh_at.lp[scored], fresh_at.ids[scored],
                                               Prediction(pred.tokens[scored], pred.probs[scored], pred.margin[scored]),
                                               masked[scored], torch.zeros_like(masked[scored]), last[scored], prior,

@@ -63,8 +63,7 @@ class StaleFit:
 def fit_temperature(blocks: Sequence[RecordedBlock], temperatures: Sequence[float] = TEMPERATURES) -> StaleFit:
     """The temperature on the grid that maximises the likelihood of each step's committed position, from
     step s >= 1 of every block (the stale distribution is step s - 1's, the confidence the one the
-    node's step would draw with its noise, as the drafter sees it). Ties go to the larger temperature
-    (the likelihood saturates once the order is sharp enough)."""
+    node's step would draw with its noise, as the drafter sees it)."""
     log_conf, truth = [], []
     for block in blocks:
         positions = block.committed_positions()
@@ -76,8 +75,16 @@ def fit_temperature(blocks: Sequence[RecordedBlock], temperatures: Sequence[floa
             truth.append(int(positions[s]))
     if not truth:
         raise ValueError("no steps to fit the stale order on: pass blocks of three or more steps")
-    x, y = torch.stack(log_conf), torch.tensor(truth)  # [S, K], [S]
-    top1 = float((x.argmax(-1) == y).double().mean())
-    scored = [(float(torch.log_softmax(x / t, -1).gather(-1, y[:, None]).mean()), t) for t in temperatures]
+    return fit_order(torch.stack(log_conf), torch.tensor(truth), temperatures)
+
+
+def fit_order(log_conf: torch.Tensor, truth: torch.Tensor, temperatures: Sequence[float] = TEMPERATURES) -> StaleFit:
+    """The temperature on the grid that maximises the likelihood of the committed positions `truth` [S] under
+    softmax(log_conf / temperature), log_conf [S, K] the log-confidences (-inf where not masked); what any
+    confidence (the stale one, SPOT-R's refreshed one) is fitted with. Ties go to the larger temperature (the
+    likelihood saturates once the order is sharp enough)."""
+    x = log_conf
+    top1 = float((x.argmax(-1) == truth).double().mean())
+    scored = [(float(torch.log_softmax(x / t, -1).gather(-1, truth[:, None]).mean()), t) for t in temperatures]
     likelihood, temperature = max(scored)
     return StaleFit(temperature, likelihood, top1, len(truth))

@@ -22,7 +22,7 @@ _SPOT = {"single": "spot_b{k}.pt", "threshold": "spot_threshold_b{k}.pt"}
 _SETS = {"threshold": "sets_b{k}.pt"}
 _SPIFFY = {"single": "spiffy_b{k}.json", "threshold": "spiffy_threshold_b{k}.json"}  # Spiffy v1 and v4 verify one graph
 _SPOT_R = {"single": "spot_r_b{k}.pt"}  # the refresh head with SPOT's order model inside
-_DRAFTER_FILES = {"spot": _SPOT, "spot_gamma": _SPOT, "hybrid": _SPOT, "spot_r": _SPOT_R, "spiffy": _SPIFFY, "spiffy_v1": _SPIFFY,
+_DRAFTER_FILES = {"spot": _SPOT, "spot_gamma": _SPOT, "hybrid": _SPOT, "spot_r": _SPOT_R, "spot_rc": _SPOT_R, "spiffy": _SPIFFY, "spiffy_v1": _SPIFFY,
                   "sets": _SETS, "sets_max": _SETS}
 
 

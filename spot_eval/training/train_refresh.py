@@ -8,6 +8,7 @@ from pathlib import Path
 
 from spot.drafters.refresh_training import RefreshTrainConfig, block_examples, concat, train_refresh
 from spot.drafters.set_model import Projection
+from spot.drafters.stale import StaleOrder
 from spot_eval.checkpoints.drafter import checkpoint_payload, load_checkpoint
 from spot_eval.checkpoints.fingerprint import check_fingerprint
 from spot_eval.checkpoints.refresh_head import save_refresh
@@ -16,9 +17,12 @@ from spot_eval.training.trajectories import read_blocks, read_manifest, read_pro
 
 def train_refresh_command(trajectories: str | Path, order_model: str | Path, out: str | Path, config: RefreshTrainConfig,
                           examples_progress: Callable[[int, int], None] | None = None,
-                          progress: Callable[[int, float], None] | None = None) -> dict:
+                          progress: Callable[[int, float], None] | None = None, order_temperature: float | None = None) -> dict:
     """Train on every block of `trajectories` (one collect, its projections) and save to `out` with `order_model`
-    (a SPOT checkpoint for the same target and policy); returns the metrics."""
+    (a SPOT checkpoint for the same target and policy) and the refreshed order's temperature (`order_temperature`,
+    or by default the held-out fit's); returns the metrics."""
+    if order_temperature is not None and not order_temperature > 0:
+        raise ValueError(f"--order-temperature must be positive, got {order_temperature}; leave it out to fit one")
     fingerprint = read_manifest(trajectories).fingerprint
     order = load_checkpoint(order_model)
     check_fingerprint(order.fingerprint, fingerprint, what=f"the order model {order_model} was trained",
@@ -38,7 +42,8 @@ def train_refresh_command(trajectories: str | Path, order_model: str | Path, out
     examples = concat(parts)
     hidden, embedding = (Projection.from_dict(projections[k]) for k in ("hidden", "embedding"))
     head, metrics = train_refresh(examples, projections["token_coords"], config, progress)
+    stale = StaleOrder(metrics["order"]["temperature"] if order_temperature is None else order_temperature)
     metrics = {**metrics, "parameters": sum(p.numel() for p in head.parameters()), "steps": config.steps,
-               "order_model": str(order_model)}
-    save_refresh(out, head, hidden, embedding, fingerprint, metrics, checkpoint_payload(order_model))
+               "order_model": str(order_model), "order_temperature": stale.temperature}
+    save_refresh(out, head, hidden, embedding, fingerprint, metrics, checkpoint_payload(order_model), stale)
     return metrics
