@@ -10,8 +10,8 @@ Every prompt is decoded draft-free and by every method in one process, back to b
 prompt to prompt). Per (task, T, policy, method), from the same per-request records and definitions as the reports
 (spot_eval.reports.results): forward_ratio and throughput_ratio of sums over the prompts, each with its 95% interval
 over the items (forward_low, forward_high, ...), the share of forwards after the answer's first EOS (padding) and
-the forward ratio without them, and the median over prompts of each prompt's forward ratio, side by side; every
-method's tokens are checked against draft-free. The items are test items --first .. --first + --prompts - 1 of each
+the forward ratio without them, the median over prompts of each prompt's forward ratio, and the drafter's share of
+the decodes' wall time, side by side; every method's tokens are checked against draft-free. The items are test items --first .. --first + --prompts - 1 of each
 task (by default past the ones the committed comparison decodes). Prints one JSON line per row, then a verdict line per
 (T, policy, budget): which of the trained and the training-free drafter saved more forwards, task by task.
 
@@ -97,6 +97,7 @@ def rows(samples: pd.DataFrame) -> list[dict]:
     keys = ["task", "temperature", "policy"]
     table = summarize(samples, keys).merge(intervals(samples, keys), on=[*keys, "label"], how="left")
     per = samples.pivot_table(index=[*keys, "doc_id"], columns="label", values="forwards")
+    seconds = samples.groupby([*keys, "label"])[["drafter_seconds", "seconds"]].sum()
     out = []
     for r in table.itertuples():
         mine = per[r.label].groupby(level=[0, 1, 2]).get_group((r.task, r.temperature, r.policy))
@@ -106,7 +107,9 @@ def rows(samples: pd.DataFrame) -> list[dict]:
                     "forward_high": r.forward_high, "forward_ratio_median": float((free / mine).median()),
                     "forward_ratio_to_eos": r.forward_ratio_to_eos, "after_eos_share": r.after_eos_share,
                     "throughput_ratio": r.throughput_ratio, "throughput_low": r.throughput_low,
-                    "throughput_high": r.throughput_high, "lossless": r.lossless})
+                    "throughput_high": r.throughput_high, "lossless": r.lossless,
+                    "drafter_share": float(seconds.loc[(r.task, r.temperature, r.policy, r.label)].pipe(
+                        lambda t: t.drafter_seconds / t.seconds))})
     return out
 
 
