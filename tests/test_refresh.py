@@ -15,6 +15,7 @@ from conftest import tiny_target
 from test_token_drift import block
 
 from spot import DecodeConfig, Sampling, generate
+from spot.drafters.base import DraftContext
 from spot.drafters.order_examples import RecordedBlock
 from spot.drafters.order_model import OrderModel
 from spot.drafters.refresh import OFFSETS, RefreshConfig, RefreshedTokens, RefreshHead, neighbours
@@ -139,6 +140,17 @@ def test_refreshed_trees_are_lossless(temperature, dtype):
             got = generate(target, prompt, replace(config, budget=budget, cross_block=cross_block), drafter=drafter)
             assert got.token_ids == reference.token_ids, (drafter.name, budget, cross_block)
             assert got.stats.forwards <= reference.stats.forwards
+
+
+def test_a_context_without_hidden_states_is_refused_before_the_tree_grows():
+    target = tiny_target(16)
+    k = target.block_length
+    logits = torch.randn(k, target.vocab_size, generator=torch.Generator().manual_seed(0))
+    state = torch.full((k,), target.mask_id)
+    ctx = DraftContext(state, logits, state.clone(), None, DecodeConfig(block_length=k, budget=4), target.mask_id, 0, 0, 1, 4,
+                       lambda _: None)
+    with pytest.raises(ValueError, match="DraftContext.stale_hidden.*draft it from the engine"):
+        refreshed(target, 0).draft(ctx)
 
 
 def test_a_spot_r_file_round_trips_and_refuses_damage(tmp_path):

@@ -129,16 +129,21 @@ class RefreshedTokens:
         return next(self.head.parameters()).device
 
     @torch.inference_mode()
-    def refresh(self, root, states: torch.Tensor, depths: Sequence[int]) -> Refreshed:
-        """The refreshed distributions of a SpotDrafter root's nodes (its ctx, stale top-k lp and ids [K, k]) with
-        states [B, K] at `depths`."""
-        ctx, temperature = root.ctx, root.ctx.config.sampling.temperature
-        b, k = states.shape
-        near_tokens, near_new = neighbours(states, ctx.stale_state.to(states.device))  # [B, K, 6] each
+    def project(self, ctx) -> torch.Tensor:
+        """[K, R] a DraftContext's stale hidden states, projected: what every node of its tree reads."""
         if ctx.stale_hidden is None:
             raise ValueError("SPOT-R reads the target's hidden states behind the stale logits (DraftContext.stale_hidden), "
                              "and this context has none: draft it from the engine, which hands them over")
-        hidden = self.hidden(ctx.stale_hidden.to(self.device))  # [K, R]
+        return self.hidden(ctx.stale_hidden.to(self.device))
+
+    @torch.inference_mode()
+    def refresh(self, root, states: torch.Tensor, depths: Sequence[int]) -> Refreshed:
+        """The refreshed distributions of a SpotDrafter root's nodes (its ctx, stale top-k lp and ids [K, k], its
+        projected hidden states [K, R]) with states [B, K] at `depths`."""
+        ctx, temperature = root.ctx, root.ctx.config.sampling.temperature
+        b, k = states.shape
+        near_tokens, near_new = neighbours(states, ctx.stale_state.to(states.device))  # [B, K, 6] each
+        hidden = root.hidden  # [K, R]
         staleness = torch.tensor([d + 1 for d in depths], device=states.device).repeat_interleave(k)  # [B * K]
         rows = RefreshInputs(root.lp.repeat(b, 1), root.ids.repeat(b, 1), hidden.repeat(b, 1),
                              near_tokens.flatten(0, 1), near_new.flatten(0, 1), staleness)

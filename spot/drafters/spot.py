@@ -145,7 +145,8 @@ class SpotDrafter:
         masked = (ctx.state == ctx.mask_id).to(device)  # [K]
         before = masked if ctx.stale_state is None else (ctx.stale_state == ctx.mask_id).to(device)
         temperature = ctx.config.sampling.temperature
-        return _Root(ctx, lp, ids, prior, depth_predictions(lp, ids, ctx, temperature), masked, before)
+        hidden = None if self.tokens is None else self.tokens.project(ctx)  # once per tree, not per frontier
+        return _Root(ctx, lp, ids, prior, depth_predictions(lp, ids, ctx, temperature), masked, before, hidden)
 
     def _root_logits(self, roots: Sequence[_Root]) -> list[torch.Tensor]:
         """[K] order logits per root: the stale order's, or the order model's, every root in one call."""
@@ -264,6 +265,7 @@ class _Root:
     predictions: list[Prediction]
     masked: torch.Tensor
     before: torch.Tensor
+    hidden: torch.Tensor | None  # SPOT-R: [K, R] the stale hidden states, projected (RefreshedTokens.project)
 
     def prediction(self, depth: int) -> Prediction:  # [K, 2] tokens and probabilities under the step's noise
         return self.predictions[depth if self.ctx.config.sampling.temperature > 0 else 0]  # at T = 0 the ranking is the same at every depth

@@ -9,7 +9,8 @@ One `torch.save`d dict, read back with `torch.load(path, weights_only=True)`:
      "stale": StaleOrder.to_dict()}
 
 `stale` is the temperature at which the refreshed confidences order a node in place of the order model
-(SpotDrafter's mode "stale", the method spot_rc), fitted on the held-out requests.
+(SpotDrafter's mode "stale", the method spot_rc): fitted on the held-out requests, or as `train-refresh
+--order-temperature` set it.
 
 `sha256` covers the head's weights and both projections; the order model carries its own (spot_eval.checkpoints.
 drafter). Both were trained for the target the fingerprint names: another target's file is refused.
