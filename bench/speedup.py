@@ -11,13 +11,13 @@ single policy, draft-free) in the same rotation, and standard_forward_ratio / st
 are each method's ratios against it, as the SPOT paper reports SPOT-Sets against standard decoding.
 `--sets-model-depths 1+all` runs each sets method once per number of tree levels its predictor scores
 (deeper nodes reuse their parent's set probabilities; spot.drafters.sets): what re-scoring buys.
-With several seeds the JSON gives mean and std over seeds. `spot@auto` sizes every tree by this
+With several seeds the JSON gives mean, std and median over seeds. `spot@auto` sizes every tree by this
 machine's verify-cost profile (measured once, cached; spot_eval.harness.profile), refitted to the
 timings decoding measures after every prompt as `lm_eval --model spot` does, and the mean tree
 size (draft nodes per verify forward) is reported for every method. Prints one JSON line (a table
 on stderr).
 
-Usage: python bench/speedup.py --prompts 50 --block 32 --gen 256 --temperature 0 --seeds 0
+Usage: python bench/speedup.py --prompts 50 [--first 0] --block 32 --gen 256 --temperature 0 --seeds 0
            --methods spot@8+spot@20+spiffy@3+spiffy@10+spot@auto [--task gsm8k] [--target DIR]
 """
 
@@ -110,6 +110,7 @@ def main() -> None:
     parser.add_argument("--target", default=str(EMBEDDED_TARGET))
     parser.add_argument("--task", default="gsm8k", choices=["gsm8k", "math500", "humaneval", "mbpp"])
     parser.add_argument("--prompts", type=int, default=50)
+    parser.add_argument("--first", type=int, default=0, help="the first test item decoded (items first .. first + prompts - 1)")
     parser.add_argument("--block", type=int, default=32)
     parser.add_argument("--gen", type=int, default=256)
     parser.add_argument("--temperature", type=float, default=0.0)
@@ -127,7 +128,7 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     target = load_target(args.target, args.block, args.device)
-    prompts = [encode_prompt(target, p, chat=True) for p in prompts_for(args.task, args.prompts)]
+    prompts = [encode_prompt(target, p, chat=True) for p in prompts_for(args.task, args.prompts, args.first)]
     config = DecodeConfig(policy=args.unmasking, threshold=args.threshold, block_length=args.block, gen_length=args.gen,
                           sampling=Sampling(temperature=args.temperature), cross_block=args.cross_block)
     specs = parse_methods(args.methods, "")
@@ -154,12 +155,13 @@ def main() -> None:
         entry = {}
         for column in ratios:
             values = group[column].tolist()
-            entry[column] = {"mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0}
+            entry[column] = {"mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0,
+                             "median": statistics.median(values)}
         entry["forwards"] = int(group.forwards.sum())
         entry["lossy"] = bool(group.lossy.any())  # differs from draft-free by design: 1 - lossless is its divergence rate
         methods[label] = entry
     print(json.dumps({
-        "bench": "speedup", "target": args.target, "task": args.task, "prompts": len(prompts), "block": args.block,
+        "bench": "speedup", "target": args.target, "task": args.task, "prompts": len(prompts), "first": args.first, "block": args.block,
         "gen": args.gen, "temperature": args.temperature, "seeds": seeds, "unmasking": args.unmasking, "threshold": args.threshold, "cross_block": args.cross_block,
         "device": args.device, "methods": methods,
         **({"standard": {"forwards": int(standard["forwards"].sum()), "seconds": float(standard["seconds"].sum())}} if anchor else {}),

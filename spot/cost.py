@@ -87,11 +87,12 @@ def measure_drafter(drafter: Drafter, target: Target, config: DecodeConfig, mode
     target.start(probe_prefix(target, k), 2 * k)
     root = torch.full((k,), target.mask_id, dtype=torch.long)
     stale = target.verify(root[None], k)[0]  # [K, V]
+    hidden = target.hidden[0]  # [K, d] behind it, what a drafter reading hidden states (SPOT-R) drafts from
     state = root.clone()
     state[0] = int(stale[0].argmax())
 
     noise = block_noise(config.seed, 0, 1, k, target.vocab_size, target.device) if config.noisy else silent
-    ctx = DraftContext(state, stale, root, stale, config, target.mask_id, 0, 1, 1, config.budget, noise, mode,
+    ctx = DraftContext(state, stale, root, stale, config, target.mask_id, 0, 1, 1, config.budget, noise, mode, hidden,
                        model_dtype=target.logits_dtype)
     drafter.draft(ctx)  # warm-up
     times = []

@@ -230,7 +230,9 @@ def _placement(args: argparse.Namespace) -> None:
 
 
 def _calibrate_reach_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--drafter", required=True, help="the SPOT checkpoint (.pt) to calibrate")
+    p.add_argument("--drafter", required=True,
+                   help="the SPOT checkpoint or SPOT-R file (.pt) to calibrate (a SPOT-R file also gets SPOT-RC's order "
+                        "temperature, chosen by its trees)")
     p.add_argument("--trajectories", nargs="+", required=True, help="the trajectory dirs the drafter was trained on")
     p.add_argument("--budget", type=int, default=20, help="the tree size to replay (budget=auto's cap)")
     p.add_argument("--max-blocks", type=int, default=200, help="held-out blocks replayed")
@@ -241,12 +243,24 @@ def _calibrate_reach_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _calibrate_reach(args: argparse.Namespace) -> None:
+    from tqdm import tqdm
+
     from spot_eval.training.calibrate_reach import calibrate_reach_command
 
     if args.budget < 1:
         raise ValueError(f"--budget must be >= 1, got {args.budget}")
-    print(json.dumps(calibrate_reach_command(args.drafter, args.trajectories, args.budget, args.out, args.max_blocks,
-                                             args.all_blocks)))
+    bar = []
+
+    def progress(done: int, total: int) -> None:  # a SPOT-R file's replays (a SPOT checkpoint's report none)
+        if not bar:
+            bar.append(tqdm(desc="calibrating", unit="block", total=total, file=sys.stderr))
+        bar[0].update(done - bar[0].n)
+
+    report = calibrate_reach_command(args.drafter, args.trajectories, args.budget, args.out, args.max_blocks,
+                                     args.all_blocks, progress)
+    if bar:
+        bar[0].close()
+    print(json.dumps(report))
 
 
 def _fit_sets_flags(p: argparse.ArgumentParser) -> None:
@@ -315,7 +329,11 @@ def _train_refresh_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--heldout", type=float, default=0.25, help="fraction of the requests held out for the report")
     p.add_argument("--order-temperature", type=float, default=None,
-                   help="SPOT-RC's order temperature (default: fitted by the likelihood of the held-out commits)")
+                   help="SPOT-RC's order temperature (default: the one whose trees, replayed over the held-out requests at "
+                        "8 states, commit the most per verify forward)")
+    p.add_argument("--reach-budget", type=int, default=20,
+                   help="the tree size both trees' reach is calibrated at, for budget=auto (its cap)")
+    p.add_argument("--max-blocks", type=int, default=200, help="held-out blocks replayed to calibrate")
     _threads_flag(p)
 
 
@@ -328,8 +346,9 @@ def _train_refresh(args: argparse.Namespace) -> None:
     _set_threads(args)
     config = RefreshTrainConfig(seed=args.seed, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
                                 heldout_fraction=args.heldout)
-    with tqdm(desc="examples", unit="block", file=sys.stderr) as blocks, tqdm(total=args.steps, desc="training", unit="step",
-                                                                              file=sys.stderr) as steps:
+    with (tqdm(desc="examples", unit="block", file=sys.stderr) as blocks,
+          tqdm(total=args.steps, desc="training", unit="step", file=sys.stderr) as steps,
+          tqdm(desc="calibrating", unit="block", file=sys.stderr) as replays):
         def examples(done: int, total: int) -> None:
             blocks.total = total
             blocks.update(done - blocks.n)
@@ -338,8 +357,12 @@ def _train_refresh(args: argparse.Namespace) -> None:
             steps.update(step - steps.n)
             steps.set_postfix(loss=f"{loss:.3f}", refresh=False)
 
+        def calibrating(done: int, total: int) -> None:  # SPOT-RC's order temperature, then both trees' reach
+            replays.total = total
+            replays.update(done - replays.n)
+
         metrics = train_refresh_command(args.trajectories, args.order_model, args.out, config, examples, progress,
-                                        args.order_temperature)
+                                        args.order_temperature, args.reach_budget, args.max_blocks, calibrating)
     print(json.dumps({"out": args.out, **metrics}))
 
 

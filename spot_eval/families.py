@@ -84,12 +84,18 @@ def _spot_r(b: Build, name: str = "spot_r", mode: str = "model") -> Drafter:
     from spot.drafters.spot import SpotDrafter
     from spot_eval.checkpoints.refresh_head import refresh_for_target
 
-    order, tokens, stale = refresh_for_target(b.target, b.policy, b.path)
+    loaded, tokens = refresh_for_target(b.target, b.policy, b.path)
     # spot_r: every node's order read by the order model from its refreshed distribution (model_depth=1, the root's
     # only, saves drafting time for fewer forwards saved: bench/peers.py); spot_rc: from the refreshed confidences,
-    # no model call
-    return SpotDrafter(order.model.to(b.target.device), name=name, tokens=tokens, model_depth=None, stale=stale,
-                       mode=mode)
+    # no model call. With auto, spot_r may pick SPOT-RC's trees per block (as spot@auto picks its stale order's);
+    # spot_rc is never offered the model's
+    drafter = SpotDrafter(loaded.order.model.to(b.target.device), name=name, tokens=tokens, model_depth=None,
+                          stale=loaded.stale, mode=mode, reach=loaded.reach if mode == "model" else None)
+    if b.auto and mode not in drafter.modes:
+        raise ValueError(f"{b.path} holds no reach calibration of {name}'s trees, which {name}@auto sizes them by: fit "
+                         f"one with spot-eval calibrate-reach --drafter {b.path} --trajectories DIR (the trajectories "
+                         "it was trained on), or use a fixed budget")
+    return drafter
 
 
 def _spot_rc(b: Build) -> Drafter:
@@ -123,10 +129,10 @@ FAMILIES = (
            cost="SPOT's, and fitted exponents (spot-eval fit-gamma)"),
     Method("hybrid", _hybrid, "SPOT + FreeDave", "#56B4E9", (ORDER_MODEL,), hatch="xx",
            cost="SPOT's, with its reach calibration (spot-eval calibrate-reach): the FreeDave chain joins its tree"),
-    Method("spot_r", _spot_r, "SPOT-R", "#005A8C", (REFRESH_HEAD,), hatch="++",
+    Method("spot_r", _spot_r, "SPOT-R", "#005A8C", (REFRESH_HEAD,), auto=True, hatch="++",
            cost="SPOT's, trajectories with hidden states and a trained refresh head (spot-eval collect --hidden-dims, "
                 "train-refresh)"),
-    Method("spot_rc", _spot_rc, "SPOT-RC", "#3A9BD9", (REFRESH_HEAD,), hatch="--",
+    Method("spot_rc", _spot_rc, "SPOT-RC", "#3A9BD9", (REFRESH_HEAD,), auto=True, hatch="--",
            cost="SPOT-R's: its refreshed confidences order each node in place of the order model (no model call)"),
     Method("sets", _sets, "SPOT-Sets", "#CC79A7", (SET_MODEL, SET_PREDICTOR),
            cost="threshold trajectories with hidden states and a trained set model (spot-eval collect, train-sets)"),

@@ -96,8 +96,8 @@ def test_bf16_speculation_is_exact_in_the_exact_layout_and_diverges_only_at_near
     k, vocab = exact.block_length, exact.vocab_size
     spot = SpotDrafter(load_checkpoint(shipped_drafter("spot", k)).model)
     spiffy = SpiffyDrafter(load_graph(shipped_drafter("spiffy", k), k), prune_to=3)
-    order, tokens, _ = refresh_for_target(exact, "single", shipped_drafter("spot_r", k))
-    spot_r = SpotDrafter(order.model, name="spot_r", tokens=tokens, model_depth=None)  # its head reads the bf16 target's hidden states
+    loaded, tokens = refresh_for_target(exact, "single", shipped_drafter("spot_r", k))
+    spot_r = SpotDrafter(loaded.order.model, name="spot_r", tokens=tokens, model_depth=None)  # its head reads the bf16 target's hidden states
     # Two requests at T = 0, one at T = 1 (each of its two policies draws other noise on it; the property tests in
     # test_engine.py cover bf16 at T = 1 on many prompts): the embedded target in bf16 is CI's costliest decode.
     prompts = [encode_prompt(exact, doc["question"], chat=True) for doc in load("gsm8k_test")[: 2 if temperature == 0 else 1]]

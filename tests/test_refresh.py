@@ -18,6 +18,7 @@ from spot import DecodeConfig, Sampling, generate
 from spot.drafters.base import DraftContext
 from spot.drafters.order_examples import RecordedBlock
 from spot.drafters.order_model import OrderModel
+from spot.drafters.reach import ReachCalibration, ReachMap
 from spot.drafters.refresh import OFFSETS, RefreshConfig, RefreshedTokens, RefreshHead, neighbours
 from spot.drafters.refresh_training import (
     RefreshTrainConfig,
@@ -31,12 +32,13 @@ from spot.drafters.set_model import Projection
 from spot.drafters.spot import SpotDrafter
 from spot.drafters.stale import StaleOrder
 from spot_eval.checkpoints.drafter import checkpoint_payload
-from spot_eval.checkpoints.refresh_head import load_refresh, save_refresh
+from spot_eval.checkpoints.refresh_head import load_refresh, save_orders, save_refresh
 from spot_eval.checkpoints.shipped import shipped_drafter
 from spot_eval.cli import main
 
 M = 9  # test_token_drift's mask id
 SMALL = RefreshConfig(topk=32, hidden_dims=8, embedding_dims=8)
+REACH = ReachCalibration((1, 2), (ReachMap((-1.0, 0.0), (0.4, 0.9)), ReachMap((-3.0, 0.0), (0.05, 0.5))), (0.8, 0.5, 0.3))
 
 
 def test_a_position_reads_the_tokens_committed_beside_it_since_the_stale_forward():
@@ -163,7 +165,14 @@ def test_a_spot_r_file_round_trips_and_refuses_damage(tmp_path):
                  StaleOrder(0.04))
     loaded = load_refresh(path)
     assert loaded.fingerprint == fingerprint and loaded.order.config.topk == 32 and loaded.stale == StaleOrder(0.04)
+    assert loaded.reach is None  # written without one: it decodes at fixed budgets only
     assert all(torch.equal(loaded.state_dict[k], v) for k, v in drafter.tokens.head.state_dict().items())
+    # a calibration rewrites the orders and keeps the head and the order model as they were
+    save_orders(path, tmp_path / "calibrated.pt", StaleOrder(0.03, REACH), REACH, {"steps": 1, "reach_fit": {}})
+    calibrated = load_refresh(tmp_path / "calibrated.pt")
+    assert calibrated.reach == REACH and calibrated.stale == StaleOrder(0.03, REACH) and "reach_fit" in calibrated.metrics
+    assert all(torch.equal(calibrated.state_dict[k], v) for k, v in loaded.state_dict.items())
+    assert all(torch.equal(a, b) for a, b in zip(calibrated.order.model.state_dict().values(), loaded.order.model.state_dict().values(), strict=True))
     raw = torch.load(path, weights_only=True)
     raw["state_dict"]["scale"] = raw["state_dict"]["scale"] + 1
     torch.save(raw, tmp_path / "edited.pt")
@@ -172,7 +181,7 @@ def test_a_spot_r_file_round_trips_and_refuses_damage(tmp_path):
     raw = torch.load(path, weights_only=True)
     raw["stale"]["temperature"] = -1.0
     torch.save(raw, tmp_path / "edited.pt")
-    with pytest.raises(ValueError, match="corrupt .*the refreshed order: ValueError"):
+    with pytest.raises(ValueError, match="corrupt .*the refreshed order or the reach calibration: ValueError"):
         load_refresh(tmp_path / "edited.pt")
     raw["format"] = "spot-refresh-head/1"
     torch.save(raw, tmp_path / "edited.pt")

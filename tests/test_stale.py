@@ -14,7 +14,7 @@ from spot.drafters.order_examples import RecordedBlock
 from spot.drafters.order_model import OrderModel
 from spot.drafters.reach import ReachCalibration, ReachMap
 from spot.drafters.spot import SpotDrafter
-from spot.drafters.stale import TEMPERATURES, StaleOrder, fit_temperature
+from spot.drafters.stale import TEMPERATURES, StaleOrder, fit_by_trees, fit_temperature
 
 MASK = 9
 
@@ -77,3 +77,15 @@ def test_spot_drafts_in_the_stale_mode_without_the_order_model():
         drafter.draft(ctx("graph"))
     with pytest.raises(ValueError, match="calibrate-reach"):
         SpotDrafter(model).draft(ctx("stale"))
+
+
+def test_the_trees_choose_the_order_temperature_that_commits_the_most():
+    """Behind the second step the stale confidence is higher at position 0 (0.5) than at 2 (0.45), where the target
+    commits next: a sharp order spends a two-node tree below position 0, a flat one tries position 2 beside it and
+    commits two steps in one forward."""
+    grow_at = lambda t: SpotDrafter(OrderModel(), gate=0.0, stale=StaleOrder(t)).grow  # noqa: E731
+    fit = fit_by_trees(grow_at, [block(0.5, 0.45)], budget=2, temperatures=(0.01, 1.0))
+    assert fit.grid == ((0.01, 1.0), (1.0, 1.5)) and (fit.temperature, fit.commits_per_forward) == (1.0, 1.5)
+    assert fit_by_trees(grow_at, [block(0.5, 0.45)], budget=1, temperatures=(0.01, 1.0)).temperature == 0.01  # a tie: the sharper
+    with pytest.raises(ValueError, match="no recorded blocks"):
+        fit_by_trees(grow_at, [], budget=2)

@@ -18,6 +18,7 @@ from spot.drafters.order_model import predict, step_noise_at_topk
 from spot_eval.checkpoints.atomic_file import write_atomically
 from spot_eval.checkpoints.drafter import load_checkpoint
 from spot_eval.checkpoints.fingerprint import check_fingerprint, target_fingerprint
+from spot_eval.checkpoints.refresh_head import load_refresh
 from spot_eval.checkpoints.target import encode_prompt, load_target
 from spot_eval.cli import main
 from spot_eval.training.collect import collect, plan
@@ -234,3 +235,45 @@ def test_a_write_reaches_the_disk_before_the_rename_and_the_directory_after_it(t
     monkeypatch.setattr(os, "fsync", fsync)
     write_atomically(path, lambda tmp: tmp.write_text("whole"))
     assert synced == [(str(tmp_path / f"graph.json.{os.getpid()}.tmp"), False), (str(tmp_path), True)]
+
+
+@pytest.mark.slow
+def test_cli_train_refresh_chooses_spot_rc_s_order_by_its_trees_and_calibrates_auto(checkpoint, tmp_path, capsys, monkeypatch):
+    """collect with hidden states, a SPOT drafter, then train-refresh: SPOT-RC's order temperature is the grid's
+    best by replayed trees, both trees' reach is stored, and spot_r@auto / spot_rc@auto decode losslessly."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    out, order, refresh = tmp_path / "traj", tmp_path / "spot.pt", tmp_path / "spot_r.pt"
+    main(["collect", "--target", str(checkpoint), "--out", str(out), "--prompts", "4", "--gen-length", str(GEN), "--no-chat",
+          "--shard-size", "2", "--temperatures", "0,1.5", "--hidden-dims", "8", "--embedding-dims", "8"])
+    main(["train-drafter", "--trajectories", str(out), "--out", str(order), "--steps", "3", "--batch-size", "32", "--heldout", "0.5"])
+    capsys.readouterr()
+    main(["train-refresh", "--trajectories", str(out), "--order-model", str(order), "--out", str(refresh), "--steps", "5",
+          "--batch-size", "32", "--heldout", "0.5", "--reach-budget", "4"])
+    report = json.loads(capsys.readouterr().out)
+    fit = report["reach_fit"]
+    grid = dict(map(tuple, fit["order_fit"]["grid"]))
+    assert grid[report["order_temperature"]] == max(grid.values()) == fit["order_fit"]["commits_per_forward"] >= 1
+    assert fit["spot_r"]["trees"] > 0 and fit["spot_rc"]["trees"] > 0 and fit["heldout_blocks"] > 0
+    loaded = load_refresh(refresh)
+    assert loaded.stale.temperature == report["order_temperature"] and loaded.metrics["config"]["heldout_fraction"] == 0.5
+    assert loaded.reach.mean_reach[:8] == tuple(fit["spot_r"]["mean_reach"])
+    assert loaded.stale.reach.mean_reach[:8] == tuple(fit["spot_rc"]["mean_reach"])
+
+    def decode(*extra: str) -> dict:
+        main(["decode", "--pretrained", str(checkpoint), "--prompt", "one two three", "--gen-length", str(GEN), "--json",
+              "--threads", "1", *extra])
+        return json.loads(capsys.readouterr().out)
+
+    free = decode()
+    for method in ("spot_r", "spot_rc"):
+        got = decode("--method", method, "--budget", "auto", "--max-budget", "4", "--drafter", str(refresh))
+        assert got["token_ids"] == free["token_ids"] and 0 <= got["mean_tree_size"] <= 4, method
+    # another collect's projections are not the head's: its inputs would be read on the wrong components
+    other = tmp_path / "other"
+    shutil.copytree(out, other)
+    projections = torch.load(other / "projections.pt", weights_only=True)
+    projections["hidden"]["mean"] = projections["hidden"]["mean"] + 1
+    torch.save(projections, other / "projections.pt")
+    with pytest.raises(SystemExit):
+        main(["calibrate-reach", "--drafter", str(refresh), "--trajectories", str(other), "--budget", "4"])
+    assert "on other components than" in capsys.readouterr().err

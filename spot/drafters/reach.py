@@ -42,7 +42,9 @@ class ReplayedTree:
 def replay(grow, blocks: Sequence[RecordedBlock], budget: int, mode: str | None = None) -> Iterator[ReplayedTree | None]:
     """The engine's walk over recorded blocks, one item per verify forward: the tree grown at that
     root (grow(ctx, topk_logprobs, topk_ids, prior) -> DraftTree, ctx.mode `mode`), or None at a
-    block's first step, which has no stale distribution to draft from (one step, no tree)."""
+    block's first step, which has no stale distribution to draft from (one step, no tree). Where the
+    block recorded hidden states, ctx.stale_hidden is the stale step's, [K, R] as recorded: already
+    projected, so a drafter that reads them is replayed through the identity projection."""
     for block in blocks:
         n_steps = block.states.shape[0] - 1
         config = DecodeConfig(block_length=block.states.shape[1], sampling=Sampling(block.temperature), seed=block.seed, budget=budget)
@@ -53,7 +55,8 @@ def replay(grow, blocks: Sequence[RecordedBlock], budget: int, mode: str | None 
                 s += 1
                 continue
             ctx = DraftContext(block.states[s], None, block.states[s - 1], None, config, block.mask_id, block.request,
-                               block.block, s, budget, lambda _: None, mode)
+                               block.block, s, budget, lambda _: None, mode,
+                               None if block.hidden is None else block.hidden[s - 1].float())
             tree: DraftTree = grow(ctx, block.topk_logprobs[s - 1].float(), block.topk_ids[s - 1].long(), block.prior(s))
             ahead = {tuple(block.states[t].tolist()): t for t in range(s + 1, n_steps)}  # the finished state needs no node
             at = [ahead.get(tuple(row)) for row in tree.states[1:].tolist()]

@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from spot.drafters.order_model import Prediction, predict, step_noise_at_topk
@@ -67,15 +68,13 @@ class RefreshInputs:
 def neighbours(states: torch.Tensor, stale_state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """For node states [B, K] and the stale forward's state [K]: the tokens at each position's OFFSETS
     neighbours that changed since ([B, K, 6], 0 elsewhere) and where they did ([B, K, 6] float)."""
-    b, k = states.shape
-    new = states != stale_state  # [B, K]
-    tokens = torch.zeros(b, k, len(OFFSETS), dtype=torch.long, device=states.device)
-    changed = torch.zeros(b, k, len(OFFSETS), device=states.device)
-    for i, offset in enumerate(OFFSETS):
-        lo, hi = max(0, -offset), min(k, k - offset)  # positions p whose neighbour p + offset is in the block
-        tokens[:, lo:hi, i] = torch.where(new[:, lo + offset:hi + offset], states[:, lo + offset:hi + offset], 0)
-        changed[:, lo:hi, i] = new[:, lo + offset:hi + offset].float()
-    return tokens, changed
+    reach = max(map(abs, OFFSETS))
+    at = torch.tensor([offset + reach for offset in OFFSETS], device=states.device)  # [6] within a window
+    # every position's window p - reach .. p + reach, padded with "nothing new" past the block's ends: one gather,
+    # not a loop of slices (a tree node refreshes once per frontier of its growth, so this runs per node)
+    new = F.pad(states != stale_state, (reach, reach)).unfold(1, 2 * reach + 1, 1)[..., at]  # [B, K, 6]
+    near = F.pad(states, (reach, reach)).unfold(1, 2 * reach + 1, 1)[..., at]  # [B, K, 6]
+    return torch.where(new, near, 0), new.float()
 
 
 class RefreshHead(nn.Module):
@@ -145,8 +144,9 @@ class RefreshedTokens:
         near_tokens, near_new = neighbours(states, ctx.stale_state.to(states.device))  # [B, K, 6] each
         hidden = root.hidden  # [K, R]
         staleness = torch.tensor([d + 1 for d in depths], device=states.device).repeat_interleave(k)  # [B * K]
-        rows = RefreshInputs(root.lp.repeat(b, 1), root.ids.repeat(b, 1), hidden.repeat(b, 1),
-                             near_tokens.flatten(0, 1), near_new.flatten(0, 1), staleness)
+        every = lambda x: x.expand(b, -1, -1).flatten(0, 1)  # noqa: E731  [B * K, ...]: a view for one node, most frontiers
+        rows = RefreshInputs(every(root.lp), every(root.ids), every(hidden), near_tokens.flatten(0, 1), near_new.flatten(0, 1),
+                             staleness)
         fresh = self.head(rows).view(b, k, -1)  # [B, K, k]
         lp, order = fresh.sort(dim=-1, descending=True, stable=True)
         ids = root.ids.expand(b, -1, -1).gather(-1, order)

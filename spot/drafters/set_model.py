@@ -65,6 +65,11 @@ class Projection:
         basis = vectors * sign / values.clamp_min(1e-12).sqrt()
         return Projection(mean.float(), basis.float())
 
+    @staticmethod
+    def identity(dims: int) -> Projection:
+        """x -> x on `dims` components: what reads rows already projected (recorded trajectories' hidden states)."""
+        return Projection(torch.zeros(dims), torch.eye(dims))
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """[..., d] -> [..., R] float32."""
         return (x.float() - self.mean.to(x.device)) @ self.basis.to(x.device)

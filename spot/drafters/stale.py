@@ -14,15 +14,16 @@ mode's reach has a calibration of its own (spot.drafters.reach), since its score
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 
 from spot.drafters.order_examples import RecordedBlock
-from spot.drafters.reach import ReachCalibration
+from spot.drafters.reach import ReachCalibration, replay
 
 TEMPERATURES = tuple(10 ** (i / 10) for i in range(-30, 11))  # 0.001 .. 10, log-spaced
+TREE_TEMPERATURES = (0.01, 0.02, 0.03, 0.05, 0.1, 0.2, 0.4, 1.0)  # each a replay of every block: a coarser grid
 
 
 @dataclass(frozen=True)
@@ -88,3 +89,37 @@ def fit_order(log_conf: torch.Tensor, truth: torch.Tensor, temperatures: Sequenc
     scored = [(float(torch.log_softmax(x / t, -1).gather(-1, truth[:, None]).mean()), t) for t in temperatures]
     likelihood, temperature = max(scored)
     return StaleFit(temperature, likelihood, top1, len(truth))
+
+
+@dataclass(frozen=True)
+class TreeFit:
+    """The temperature whose replayed trees commit the most per verify forward, that figure, and every temperature
+    tried with its own: ((temperature, commits per forward), ...)."""
+
+    temperature: float
+    commits_per_forward: float
+    grid: tuple[tuple[float, float], ...]
+
+
+def fit_by_trees(grow_at: Callable[[float], Callable], blocks: Sequence[RecordedBlock], budget: int,
+                 temperatures: Sequence[float] = TREE_TEMPERATURES, progress: Callable[[], None] | None = None) -> TreeFit:
+    """The temperature on the grid whose trees commit the most per verify forward, replaying the engine's walk over
+    `blocks` at `budget` (spot.drafters.reach.replay) in mode "stale" with grow_at(temperature), a drafter's `grow`.
+    What a tree wants is sharper than what the likelihood of the next commit picks: the tree spends its budget on the
+    order's first few positions, and the likelihood rewards mass spread over the rest (SPOT-RC on the embedded
+    target, budget 8: 0.03 against the likelihood's 0.4, bench/order_temperature.py). Ties keep the sharper.
+    progress: called after each block's replay."""
+    if not blocks:
+        raise ValueError("no recorded blocks to replay the order's trees on: pass trajectories with held-out requests")
+    grid = []
+    for temperature in temperatures:
+        steps = forwards = 0
+        grow = grow_at(temperature)
+        for block in blocks:
+            for tree in replay(grow, [block], budget, mode="stale"):
+                steps, forwards = steps + (1 if tree is None else tree.steps), forwards + 1
+            if progress is not None:
+                progress()
+        grid.append((temperature, steps / forwards))
+    best = max(grid, key=lambda row: row[1])  # the first of equals: the sharpest
+    return TreeFit(best[0], best[1], tuple(grid))

@@ -6,11 +6,13 @@ One `torch.save`d dict, read back with `torch.load(path, weights_only=True)`:
     {"format": "spot-refresh-head/2", "state_dict": {...}, "projections": {"hidden": {...}, "embedding": {...}},
      "sha256": "...", "config": RefreshConfig.to_dict(), "fingerprint": target_fingerprint(...),
      "metrics": {...held-out top-1 shares...}, "order": {a spot-order-model checkpoint's dict},
-     "stale": StaleOrder.to_dict()}
+     "stale": StaleOrder.to_dict(), "reach": ReachCalibration.to_dict() or None}
 
 `stale` is the temperature at which the refreshed confidences order a node in place of the order model
-(SpotDrafter's mode "stale", the method spot_rc): fitted on the held-out requests, or as `train-refresh
---order-temperature` set it.
+(SpotDrafter's mode "stale", the method spot_rc), chosen by replaying its trees over the held-out requests (or as
+`train-refresh --order-temperature` set it), with the reach calibration of those trees; `reach` is the calibration
+of SPOT-R's own trees (the order model's). budget=auto sizes trees by them (spot.drafters.reach). `reach` is
+optional: a file written before it decodes at fixed budgets, and `spot-eval calibrate-reach` adds it.
 
 `sha256` covers the head's weights and both projections; the order model carries its own (spot_eval.checkpoints.
 drafter). Both were trained for the target the fingerprint names: another target's file is refused.
@@ -23,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from spot.drafters.reach import ReachCalibration
 from spot.drafters.refresh import RefreshConfig, RefreshedTokens, RefreshHead
 from spot.drafters.set_model import Projection
 from spot.drafters.stale import StaleOrder
@@ -36,7 +39,7 @@ from spot_eval.checkpoints.drafter import (
 from spot_eval.checkpoints.fingerprint import IDENTITY, check_fingerprint, target_fingerprint
 
 FORMAT = "spot-refresh-head/2"
-KEYS = ("format", "state_dict", "projections", "sha256", "config", "fingerprint", "metrics", "order", "stale")
+KEYS = ("format", "state_dict", "projections", "sha256", "config", "fingerprint", "metrics", "order", "stale")  # and "reach"
 FIX = ("train one for this target (spot-eval collect --hidden-dims 64, then spot-eval train-refresh --order-model "
        "SPOT_DRAFTER.pt)")
 
@@ -55,32 +58,35 @@ class RefreshFile:
     metrics: dict
     order: DrafterCheckpoint
     stale: StaleOrder
+    reach: ReachCalibration | None  # SPOT-R's trees' (the stale order's trees carry their own in `stale`)
 
 
 def save_refresh(path: str | Path, head: RefreshHead, hidden: Projection, embedding: Projection, fingerprint: dict,
-                 metrics: dict, order: dict, stale: StaleOrder) -> None:
+                 metrics: dict, order: dict, stale: StaleOrder, reach: ReachCalibration | None = None) -> None:
     """Write atomically (temp file + rename); `order` is the order model's checkpoint dict (checkpoint_payload),
-    `stale` the refreshed confidences' order."""
+    `stale` the refreshed confidences' order, `reach` SPOT-R's trees' calibration."""
     state = {k: v.detach().cpu().clone() for k, v in head.state_dict().items()}
     projections = {"hidden": hidden.to_dict(), "embedding": embedding.to_dict()}
     payload = {"format": FORMAT, "state_dict": state, "projections": projections, "sha256": projected_sha256(state, projections),
-               "config": head.config.to_dict(), "fingerprint": dict(fingerprint), "metrics": metrics, "order": order,
-               "stale": stale.to_dict()}
-    write_atomically(path, lambda tmp: torch.save(payload, tmp))
+               "config": head.config.to_dict(), "fingerprint": dict(fingerprint), "metrics": metrics, "order": order}
+    write_atomically(path, lambda tmp: torch.save({**payload, **_orders(stale, reach)}, tmp))
+
+
+def save_orders(path: str | Path, out: str | Path, stale: StaleOrder, reach: ReachCalibration | None, metrics: dict) -> None:
+    """Write `path`'s file to `out` (may be the same) with another refreshed order, reach calibration and metrics, the
+    head and the order model as they were."""
+    raw = {**_read(Path(path)), "metrics": metrics, **_orders(stale, reach)}
+    write_atomically(out, lambda tmp: torch.save(raw, tmp))
+
+
+def _orders(stale: StaleOrder, reach: ReachCalibration | None) -> dict:
+    return {"stale": stale.to_dict(), "reach": None if reach is None else reach.to_dict()}
 
 
 def load_refresh(path: str | Path) -> RefreshFile:
     """Load and verify; every way the file can be damaged or foreign is a ValueError naming it."""
     path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"SPOT-R drafter {path} does not exist; {FIX}")
-
-    def corrupt(why: str) -> ValueError:
-        return ValueError(f"SPOT-R drafter {path} is corrupt or not a SPOT-R drafter ({why}); {FIX}")
-
-    raw = read_payload(path, FORMAT, KEYS, corrupt, retired={
-        "spot-refresh-head/1": f"SPOT-R drafter {path} predates the refreshed order's temperature (format "
-                               f"spot-refresh-head/1); {FIX}"})
+    raw, corrupt = _read(path), _corrupt(path)
     try:
         if projected_sha256(raw["state_dict"], raw["projections"]) != raw["sha256"]:
             raise corrupt("the weights or projections do not match their recorded sha256")
@@ -91,21 +97,50 @@ def load_refresh(path: str | Path) -> RefreshFile:
         raise corrupt(f"{type(err).__name__}: {str(err)[:300]}") from None
     try:
         stale = StaleOrder.from_dict(raw["stale"])
+        reach = None if raw.get("reach") is None else ReachCalibration.from_dict(raw["reach"])
     except (TypeError, KeyError, ValueError) as err:
-        raise corrupt(f"the refreshed order: {type(err).__name__}: {str(err)[:200]}") from None
+        raise corrupt(f"the refreshed order or the reach calibration: {type(err).__name__}: {str(err)[:200]}") from None
     if [k for k in IDENTITY if k not in raw["fingerprint"]]:
         raise corrupt("the target fingerprint is incomplete")
     order = checkpoint_from_payload(raw["order"], str(path), corrupt)
-    return RefreshFile(str(path), config, raw["state_dict"], hidden, embedding, raw["fingerprint"], raw["metrics"], order, stale)
+    return RefreshFile(str(path), config, raw["state_dict"], hidden, embedding, raw["fingerprint"], raw["metrics"], order, stale,
+                       reach)
 
 
-def refresh_for_target(target, policy: str, path: str | Path) -> tuple[DrafterCheckpoint, RefreshedTokens, StaleOrder]:
-    """The file's order model, refreshed tokens and refreshed order, checked to belong to this target, block length
-    and policy; the head on the target's device, its token embeddings the target's own, projected."""
+def _corrupt(path: Path):
+    return lambda why: ValueError(f"SPOT-R drafter {path} is corrupt or not a SPOT-R drafter ({why}); {FIX}")
+
+
+def _read(path: Path) -> dict:
+    if not path.is_file():
+        raise FileNotFoundError(f"SPOT-R drafter {path} does not exist; {FIX}")
+    return read_payload(path, FORMAT, KEYS, _corrupt(path), retired={
+        "spot-refresh-head/1": f"SPOT-R drafter {path} predates the refreshed order's temperature (format "
+                               f"spot-refresh-head/1); {FIX}"})
+
+
+def recorded_tokens(loaded: RefreshFile, projections: dict, where: str) -> RefreshedTokens:
+    """The file's head reading recorded trajectories (`projections`: their projections.pt, spot_eval.training.
+    trajectories.read_projections): its token embeddings the recorded ones, its hidden states read as recorded
+    (already projected: spot.drafters.reach.replay). The trajectories must be projected as the head was trained:
+    from the same collect."""
+    recorded = Projection.from_dict(projections["hidden"])
+    if not (torch.equal(recorded.mean, loaded.hidden.mean) and torch.equal(recorded.basis, loaded.hidden.basis)):
+        raise ValueError(f"{where} projects the target's hidden states on other components than {loaded.path} was trained "
+                         "on: pass the trajectories it was trained on (spot-eval train-refresh --trajectories)")
+    head = RefreshHead(loaded.config, projections["token_coords"])
+    head.load_state_dict(loaded.state_dict, strict=True)
+    return RefreshedTokens(head.eval(), Projection.identity(loaded.config.hidden_dims))
+
+
+def refresh_for_target(target, policy: str, path: str | Path) -> tuple[RefreshFile, RefreshedTokens]:
+    """The loaded file (its order model, refreshed order and reach) and its refreshed tokens, checked to belong to
+    this target, block length and policy; the head on the target's device, its token embeddings the target's own,
+    projected."""
     loaded = load_refresh(path)
     what = f"SPOT-R drafter {path} was trained"
     check_fingerprint(loaded.fingerprint, target_fingerprint(target, policy), what=what, fix=FIX)
     check_fingerprint(loaded.order.fingerprint, target_fingerprint(target, policy), what=f"{what} (its order model)", fix=FIX)
     head = RefreshHead(loaded.config, loaded.embedding(target.embeddings().detach()))
     head.load_state_dict(loaded.state_dict, strict=True)
-    return loaded.order, RefreshedTokens(head.to(target.device).eval(), loaded.hidden), loaded.stale
+    return loaded, RefreshedTokens(head.to(target.device).eval(), loaded.hidden)

@@ -4,6 +4,7 @@ recorded with hidden states, and write it with the SPOT order model whose trees 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 
 from spot.drafters.refresh_training import RefreshTrainConfig, block_examples, concat, train_refresh
@@ -12,17 +13,24 @@ from spot.drafters.stale import StaleOrder
 from spot_eval.checkpoints.drafter import checkpoint_payload, load_checkpoint
 from spot_eval.checkpoints.fingerprint import check_fingerprint
 from spot_eval.checkpoints.refresh_head import save_refresh
+from spot_eval.training.calibrate_reach import calibrate_refresh
 from spot_eval.training.trajectories import read_blocks, read_manifest, read_projections
 
 
 def train_refresh_command(trajectories: str | Path, order_model: str | Path, out: str | Path, config: RefreshTrainConfig,
                           examples_progress: Callable[[int, int], None] | None = None,
-                          progress: Callable[[int, float], None] | None = None, order_temperature: float | None = None) -> dict:
+                          progress: Callable[[int, float], None] | None = None, order_temperature: float | None = None,
+                          reach_budget: int = 20, max_blocks: int = 200,
+                          calibrating: Callable[[int, int], None] | None = None) -> dict:
     """Train on every block of `trajectories` (one collect, its projections) and save to `out` with `order_model`
-    (a SPOT checkpoint for the same target and policy) and the refreshed order's temperature (`order_temperature`,
-    or by default the held-out fit's); returns the metrics."""
+    (a SPOT checkpoint for the same target and policy), then calibrate it on the held-out requests (spot_eval.
+    training.calibrate_reach.calibrate_refresh: SPOT-RC's order temperature, `order_temperature` or the one its
+    replayed trees want, and both trees' reach at `reach_budget`, on at most `max_blocks` blocks; `calibrating` its
+    progress); returns the metrics."""
     if order_temperature is not None and not order_temperature > 0:
         raise ValueError(f"--order-temperature must be positive, got {order_temperature}; leave it out to fit one")
+    if min(reach_budget, max_blocks) < 1:
+        raise ValueError(f"--reach-budget ({reach_budget}) and --max-blocks ({max_blocks}) must be >= 1")
     fingerprint = read_manifest(trajectories).fingerprint
     order = load_checkpoint(order_model)
     check_fingerprint(order.fingerprint, fingerprint, what=f"the order model {order_model} was trained",
@@ -42,8 +50,11 @@ def train_refresh_command(trajectories: str | Path, order_model: str | Path, out
     examples = concat(parts)
     hidden, embedding = (Projection.from_dict(projections[k]) for k in ("hidden", "embedding"))
     head, metrics = train_refresh(examples, projections["token_coords"], config, progress)
-    stale = StaleOrder(metrics["order"]["temperature"] if order_temperature is None else order_temperature)
     metrics = {**metrics, "parameters": sum(p.numel() for p in head.parameters()), "steps": config.steps,
-               "order_model": str(order_model), "order_temperature": stale.temperature}
-    save_refresh(out, head, hidden, embedding, fingerprint, metrics, checkpoint_payload(order_model), stale)
-    return metrics
+               "order_model": str(order_model), "config": asdict(config)}
+    # the likelihood's temperature until the calibration replaces it with the trees' (or order_temperature)
+    save_refresh(out, head, hidden, embedding, fingerprint, metrics, checkpoint_payload(order_model),
+                 StaleOrder(metrics["order"]["temperature"]))
+    report = calibrate_refresh(out, [trajectories], reach_budget, None, max_blocks, order_temperature=order_temperature,
+                               progress=calibrating)
+    return {**metrics, "order_temperature": report["order_temperature"], "reach_fit": report}
