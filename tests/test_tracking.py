@@ -417,9 +417,12 @@ def test_lm_eval_with_the_server_down_spools_and_sync_uploads(tmp_path, capsys):
 
 OPEN_AT_ONCE = """
 import sys, time
+from spot_eval.reports.history import nightly_runs
 from spot_eval.tracking.writer import TrackingConfig, open_tracker
 start = float(sys.argv[1])
 time.sleep(max(start - time.time(), 0))  # both processes reach MLflow's first connect together
+if sys.argv[2] == "rank1":  # as a nightly starts: its first call reads the nightly series (reports.history)
+    assert nightly_runs(None, "race") == []  # none yet, whether or not rank0 has made the experiment
 tracker = open_tracker(TrackingConfig(experiment="race", run_name=sys.argv[2], spool_dir=sys.argv[3]))
 tracker.end()
 print(tracker.run_id)
@@ -429,7 +432,8 @@ print(tracker.run_id)
 @pytest.mark.slow
 def test_two_processes_opening_a_fresh_sqlite_store_at_once_both_succeed(tmp_path):
     """The ranks of a `torchrun` in a fresh directory all create ./mlflow.db on their first call; MLflow's
-    table migrations collide on sqlite unless the first use is serialised (tracking.store.first_use)."""
+    table migrations collide on sqlite unless the first use is serialised (tracking.store.first_use), and so do two
+    nightlies started at once, whose first call reads the nightly series (reports.history)."""
     start = time.time() + 8  # after both interpreters have imported mlflow
     procs = [
         subprocess.Popen([sys.executable, "-c", OPEN_AT_ONCE, str(start), f"rank{r}", str(tmp_path / f"spool{r}")],

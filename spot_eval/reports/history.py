@@ -14,7 +14,7 @@ from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
 
 from spot_eval.reports.results import Bundle, ResultsError, combine, newest_only, read_bundle, read_run
-from spot_eval.tracking.store import client_env, resolve_uri, unreachable
+from spot_eval.tracking.store import client_env, first_use, resolve_uri, unreachable
 
 KIND_TAG = "spot_eval.kind"  # "nightly" on a nightly's summary run
 SUITE_TAG = "spot_eval.suite"  # the suite name on a nightly's summary run
@@ -41,7 +41,8 @@ def _client(tracking_uri: str | None) -> tuple[MlflowClient, str]:
     why = unreachable(uri)
     if why:
         raise HistoryError(f"MLflow at {uri} is unreachable ({why}); start the server, or pass results files with --results")
-    return MlflowClient(tracking_uri=uri), uri
+    with first_use(uri):  # two nightlies started at once on a fresh ./mlflow.db would both create its tables
+        return MlflowClient(tracking_uri=uri), uri
 
 
 def _experiment(client: MlflowClient, uri: str, name: str) -> str:
