@@ -2,8 +2,9 @@
 items the comparison reports).
 
 SPOT-RC (methods=spot_rc, spot.drafters.spot with SPOT-R's tokens in mode "stale") orders each node's positions by
-c_p^(1/τ), c_p the refreshed confidence there. `spot-eval train-refresh` fits τ by the likelihood of the held-out
-commits unless --order-temperature is given; this decodes GSM8K training prompts draft-free and with the SPOT-R file
+c_p^(1/τ), c_p the refreshed confidence there. `spot-eval train-refresh` chooses τ by replaying SPOT-RC's trees over
+the held-out requests' recorded blocks (spot.drafters.stale.fit_by_trees) unless --order-temperature is given; this
+measures the choice in the decoder itself: it decodes GSM8K training prompts draft-free and with the SPOT-R file
 at each τ (the head and the tree otherwise unchanged), checks every decode against draft-free, and prints one JSON
 line per (T, budget, τ): the forward ratio over the prompts (sums over requests, as the reports count it).
 

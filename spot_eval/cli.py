@@ -239,6 +239,8 @@ def _calibrate_reach_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--all-blocks", action="store_true",
                    help="use every block, not the training's held-out split: trajectories collected apart from the "
                         "drafter's training data (collect --seed N on other prompts)")
+    p.add_argument("--order-temperature", type=float, default=None,
+                   help="a SPOT-R file: keep SPOT-RC's order temperature at this value instead of choosing it by its trees")
     p.add_argument("--out", default=None, help="where to save (default: update --drafter in place)")
 
 
@@ -249,6 +251,8 @@ def _calibrate_reach(args: argparse.Namespace) -> None:
 
     if args.budget < 1:
         raise ValueError(f"--budget must be >= 1, got {args.budget}")
+    if args.order_temperature is not None and not args.order_temperature > 0:
+        raise ValueError(f"--order-temperature must be positive, got {args.order_temperature}; leave it out to choose one")
     bar = []
 
     def progress(done: int, total: int) -> None:  # a SPOT-R file's replays (a SPOT checkpoint's report none)
@@ -257,7 +261,7 @@ def _calibrate_reach(args: argparse.Namespace) -> None:
         bar[0].update(done - bar[0].n)
 
     report = calibrate_reach_command(args.drafter, args.trajectories, args.budget, args.out, args.max_blocks,
-                                     args.all_blocks, progress)
+                                     args.all_blocks, progress, args.order_temperature)
     if bar:
         bar[0].close()
     print(json.dumps(report))

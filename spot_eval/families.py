@@ -83,6 +83,7 @@ def _hybrid(b: Build) -> Drafter:
 def _spot_r(b: Build, name: str = "spot_r", mode: str = "model") -> Drafter:
     from spot.drafters.spot import SpotDrafter
     from spot_eval.checkpoints.refresh_head import refresh_for_target
+    from spot_eval.checkpoints.shipped import DRAFTERS
 
     loaded, tokens = refresh_for_target(b.target, b.policy, b.path)
     # spot_r: every node's order read by the order model from its refreshed distribution (model_depth=1, the root's
@@ -92,9 +93,14 @@ def _spot_r(b: Build, name: str = "spot_r", mode: str = "model") -> Drafter:
     drafter = SpotDrafter(loaded.order.model.to(b.target.device), name=name, tokens=tokens, model_depth=None,
                           stale=loaded.stale, mode=mode, reach=loaded.reach if mode == "model" else None)
     if b.auto and mode not in drafter.modes:
-        raise ValueError(f"{b.path} holds no reach calibration of {name}'s trees, which {name}@auto sizes them by: fit "
-                         f"one with spot-eval calibrate-reach --drafter {b.path} --trajectories DIR (the trajectories "
-                         "it was trained on), or use a fixed budget")
+        if b.path.parent == DRAFTERS:  # its collect (whose projections the head reads) does not ship: a new file
+            fix = ("train one for budget=auto (spot-eval collect --hidden-dims 64, then train-refresh, which calibrates "
+                   "it: docs/methods/spot.md)")
+        else:
+            fix = (f"fit one with spot-eval calibrate-reach --drafter {b.path} --trajectories DIR (the collect it was "
+                   "trained on; --out writes a copy)")
+        raise ValueError(f"{b.path} holds no reach calibration of {name}'s trees, which {name}@auto sizes them by: "
+                         f"{fix}, or use a fixed budget ({name}@8)")
     return drafter
 
 

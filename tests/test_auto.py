@@ -16,8 +16,10 @@ from spot.cost import measure_verify, probe_contexts
 from spot.drafters.order_model import OrderModel
 from spot.drafters.reach import ReachCalibration, ReachMap
 from spot.drafters.stale import StaleOrder
+from spot_eval.checkpoints import shipped
 from spot_eval.checkpoints.drafter import load_checkpoint, save_checkpoint
 from spot_eval.checkpoints.fingerprint import target_fingerprint
+from spot_eval.checkpoints.shipped import EMBEDDED_TARGET, shipped_drafter
 from spot_eval.checkpoints.target import load_target
 from spot_eval.harness import profile as profile_module
 from spot_eval.harness.methods import MethodSpec, build_drafter, parse_methods
@@ -115,7 +117,7 @@ def test_auto_methods_parse(methods, budgets, specs):
     assert [s.label for s in specs if s.auto] == [f"{s.name}@auto" for s in specs if s.auto]
 
 
-def test_auto_is_refused_for_a_drafter_without_reach(tmp_path):
+def test_auto_is_refused_for_a_drafter_without_reach(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="random@auto.*budget auto needs calibrated reach.*random@3"):
         parse_methods("random@auto", "")
     assert parse_methods("spot@auto", "", max_budget=5)[0].budget == 5
@@ -133,6 +135,16 @@ def test_auto_is_refused_for_a_drafter_without_reach(tmp_path):
                                  "declared_nodes": 1}))
     with pytest.raises(ValueError, match="hand-made graph without calibration counts"):
         build_drafter(MethodSpec("spiffy", 20, str(graph), auto=True), target, "single")
+    # A SPOT-R file without one: the fix is to calibrate it on its collect, or, for a file whose collect does not
+    # ship (a shipped one), to train one
+    embedded, uncalibrated = load_target(EMBEDDED_TARGET, None), tmp_path / "spot_r_b32.pt"
+    raw = torch.load(shipped_drafter("spot_r", 32), weights_only=True)
+    torch.save({**raw, "reach": None}, uncalibrated)
+    with pytest.raises(ValueError, match=r"no reach calibration of spot_rc's trees.*calibrate-reach --drafter .*spot_rc@8"):
+        build_drafter(MethodSpec("spot_rc", 20, str(uncalibrated), auto=True), embedded, "single")
+    monkeypatch.setattr(shipped, "DRAFTERS", tmp_path)
+    with pytest.raises(ValueError, match=r"no reach calibration of spot_r's trees.*train one for budget=auto.*spot_r@8"):
+        build_drafter(MethodSpec("spot_r", 20, str(uncalibrated), auto=True), embedded, "single")
 
 
 @pytest.mark.slow

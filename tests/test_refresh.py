@@ -35,6 +35,7 @@ from spot_eval.checkpoints.drafter import checkpoint_payload
 from spot_eval.checkpoints.refresh_head import load_refresh, save_orders, save_refresh
 from spot_eval.checkpoints.shipped import shipped_drafter
 from spot_eval.cli import main
+from spot_eval.training.calibrate_reach import calibrate_reach_command
 
 M = 9  # test_token_drift's mask id
 SMALL = RefreshConfig(topk=32, hidden_dims=8, embedding_dims=8)
@@ -168,7 +169,8 @@ def test_a_spot_r_file_round_trips_and_refuses_damage(tmp_path):
     assert loaded.reach is None  # written without one: it decodes at fixed budgets only
     assert all(torch.equal(loaded.state_dict[k], v) for k, v in drafter.tokens.head.state_dict().items())
     # a calibration rewrites the orders and keeps the head and the order model as they were
-    save_orders(path, tmp_path / "calibrated.pt", StaleOrder(0.03, REACH), REACH, {"steps": 1, "reach_fit": {}})
+    save_orders(path, tmp_path / "calibrated.pt", StaleOrder(0.03, REACH), REACH, {"steps": 1, "reach_fit": {}},
+                loaded.sha256)
     calibrated = load_refresh(tmp_path / "calibrated.pt")
     assert calibrated.reach == REACH and calibrated.stale == StaleOrder(0.03, REACH) and "reach_fit" in calibrated.metrics
     assert all(torch.equal(calibrated.state_dict[k], v) for k, v in loaded.state_dict.items())
@@ -183,10 +185,22 @@ def test_a_spot_r_file_round_trips_and_refuses_damage(tmp_path):
     torch.save(raw, tmp_path / "edited.pt")
     with pytest.raises(ValueError, match="corrupt .*the refreshed order or the reach calibration: ValueError"):
         load_refresh(tmp_path / "edited.pt")
+    other = refreshed(target, 3).tokens
+    save_refresh(tmp_path / "other.pt", other.head, other.hidden, other.hidden, fingerprint, {}, order, StaleOrder(0.04))
+    with pytest.raises(ValueError, match="changed while it was calibrated"):  # another head's file is not given these
+        save_orders(tmp_path / "other.pt", tmp_path / "again.pt", StaleOrder(0.03, REACH), REACH, {}, loaded.sha256)
     raw["format"] = "spot-refresh-head/1"
     torch.save(raw, tmp_path / "edited.pt")
     with pytest.raises(ValueError, match="predates the refreshed order's temperature.*spot-eval train-refresh"):
         load_refresh(tmp_path / "edited.pt")
+    with pytest.raises(ValueError, match="predates the refreshed order's temperature"):  # not "retrain train-drafter"
+        calibrate_reach_command(tmp_path / "edited.pt", [tmp_path], 8, None, 10)
+    with pytest.raises(ValueError, match="a SPOT-R file.*drop --all-blocks"):
+        calibrate_reach_command(path, [tmp_path], 8, None, 10, all_blocks=True)
+    with pytest.raises(ValueError, match="--order-temperature is SPOT-RC's.*drop --order-temperature"):
+        calibrate_reach_command(shipped_drafter("spot", 32), [tmp_path], 8, None, 10, order_temperature=0.1)
+    with pytest.raises(ValueError, match="--max-blocks must be >= 1"):
+        calibrate_reach_command(path, [tmp_path], 8, None, 0)
     with pytest.raises(ValueError, match="'stale' given the stale order's temperature; got 'stale' without one"):
         SpotDrafter(OrderModel(), tokens=drafter.tokens, mode="stale")
     with pytest.raises(ValueError, match="not a SPOT-R drafter .*format 'spot-order-model/3'"):

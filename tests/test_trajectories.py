@@ -256,6 +256,8 @@ def test_cli_train_refresh_chooses_spot_rc_s_order_by_its_trees_and_calibrates_a
     assert fit["spot_r"]["trees"] > 0 and fit["spot_rc"]["trees"] > 0 and fit["heldout_blocks"] > 0
     loaded = load_refresh(refresh)
     assert loaded.stale.temperature == report["order_temperature"] and loaded.metrics["config"]["heldout_fraction"] == 0.5
+    held = loaded.metrics["heldout_requests"]  # what the calibration replays: the requests training held out
+    assert len(held) == 2 and fit["heldout_blocks"] == sum(1 for b in read_blocks(out, "single") if b.request in held)
     assert loaded.reach.mean_reach[:8] == tuple(fit["spot_r"]["mean_reach"])
     assert loaded.stale.reach.mean_reach[:8] == tuple(fit["spot_rc"]["mean_reach"])
 
@@ -277,3 +279,8 @@ def test_cli_train_refresh_chooses_spot_rc_s_order_by_its_trees_and_calibrates_a
     with pytest.raises(SystemExit):
         main(["calibrate-reach", "--drafter", str(refresh), "--trajectories", str(other), "--budget", "4"])
     assert "on other components than" in capsys.readouterr().err
+    # a split that holds out nothing is refused before training, not after it, when the calibration finds no block
+    with pytest.raises(SystemExit):
+        main(["train-refresh", "--trajectories", str(out), "--order-model", str(order), "--out", str(tmp_path / "x.pt"),
+              "--heldout", "0"])
+    assert "--heldout 0.0 holds out none of the 4 requests" in capsys.readouterr().err and not (tmp_path / "x.pt").exists()

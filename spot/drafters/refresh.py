@@ -35,6 +35,8 @@ from spot.drafters.order_model import Prediction, predict, step_noise_at_topk
 from spot.drafters.set_model import Projection
 
 OFFSETS = (-3, -2, -1, 1, 2, 3)  # the neighbours whose new tokens the head reads
+RADIUS = max(map(abs, OFFSETS))
+WINDOW_AT = [offset + RADIUS for offset in OFFSETS]  # each offset's index in a position's window of 2 RADIUS + 1
 
 
 @dataclass(frozen=True)
@@ -68,12 +70,10 @@ class RefreshInputs:
 def neighbours(states: torch.Tensor, stale_state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """For node states [B, K] and the stale forward's state [K]: the tokens at each position's OFFSETS
     neighbours that changed since ([B, K, 6], 0 elsewhere) and where they did ([B, K, 6] float)."""
-    reach = max(map(abs, OFFSETS))
-    at = torch.tensor([offset + reach for offset in OFFSETS], device=states.device)  # [6] within a window
-    # every position's window p - reach .. p + reach, padded with "nothing new" past the block's ends: one gather,
+    # every position's window p - RADIUS .. p + RADIUS, padded with "nothing new" past the block's ends: one gather,
     # not a loop of slices (a tree node refreshes once per frontier of its growth, so this runs per node)
-    new = F.pad(states != stale_state, (reach, reach)).unfold(1, 2 * reach + 1, 1)[..., at]  # [B, K, 6]
-    near = F.pad(states, (reach, reach)).unfold(1, 2 * reach + 1, 1)[..., at]  # [B, K, 6]
+    new = F.pad(states != stale_state, (RADIUS, RADIUS)).unfold(1, 2 * RADIUS + 1, 1)[..., WINDOW_AT]  # [B, K, 6]
+    near = F.pad(states, (RADIUS, RADIUS)).unfold(1, 2 * RADIUS + 1, 1)[..., WINDOW_AT]  # [B, K, 6]
     return torch.where(new, near, 0), new.float()
 
 

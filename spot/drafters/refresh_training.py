@@ -172,7 +172,7 @@ def heldout_split(requests: torch.Tensor, fraction: float, seed: int) -> torch.T
 
 def train_refresh(examples: RefreshExamples, token_coords: torch.Tensor, config: RefreshTrainConfig,
                   progress: Callable[[int, float], None] | None = None) -> tuple[RefreshHead, dict]:
-    """The trained head (eval mode) and the held-out report: {"examples", "heldout", "top1": {Δ: {"stale",
+    """The trained head (eval mode) and the held-out report: {"examples", "heldout", "heldout_requests", "top1": {Δ: {"stale",
     "refreshed"}}, "order", "seconds"}: the share of held-out commits whose token each ranks first, as the target
     draws, and the refreshed order's fit (fit_refreshed_order, a StaleFit's fields)."""
     started = time.perf_counter()
@@ -195,7 +195,8 @@ def train_refresh(examples: RefreshExamples, token_coords: torch.Tensor, config:
         if progress is not None:
             progress(step + 1, loss.item())
     head.eval()
-    report = {"examples": len(examples), "heldout": len(test), "top1": {}, "seconds": 0.0}
+    report = {"examples": len(examples), "heldout": len(test), "heldout_requests": test.request.unique().tolist(),
+              "top1": {}, "seconds": 0.0}
     fitted_on = test if len(test) else train  # the order's temperature, on the held-out requests where there are some
     lp = _head_lp(head, fitted_on)
     report["order"] = asdict(fit_refreshed_order(lp, fitted_on))

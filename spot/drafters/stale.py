@@ -120,6 +120,8 @@ def fit_by_trees(grow_at: Callable[[float], Callable], blocks: Sequence[Recorded
                 steps, forwards = steps + (1 if tree is None else tree.steps), forwards + 1
             if progress is not None:
                 progress()
+        if not forwards:
+            raise ValueError("the recorded blocks hold no step to replay: pass trajectories with held-out requests")
         grid.append((temperature, steps / forwards))
-    best = max(grid, key=lambda row: row[1])  # the first of equals: the sharpest
+    best = min(grid, key=lambda row: (-row[1], row[0]))  # the most commits; of equals, the sharpest
     return TreeFit(best[0], best[1], tuple(grid))

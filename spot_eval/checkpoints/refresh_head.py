@@ -59,6 +59,7 @@ class RefreshFile:
     order: DrafterCheckpoint
     stale: StaleOrder
     reach: ReachCalibration | None  # SPOT-R's trees' (the stale order's trees carry their own in `stale`)
+    sha256: str  # of the head's weights and projections, as recorded and verified
 
 
 def save_refresh(path: str | Path, head: RefreshHead, hidden: Projection, embedding: Projection, fingerprint: dict,
@@ -72,10 +73,16 @@ def save_refresh(path: str | Path, head: RefreshHead, hidden: Projection, embedd
     write_atomically(path, lambda tmp: torch.save({**payload, **_orders(stale, reach)}, tmp))
 
 
-def save_orders(path: str | Path, out: str | Path, stale: StaleOrder, reach: ReachCalibration | None, metrics: dict) -> None:
+def save_orders(path: str | Path, out: str | Path, stale: StaleOrder, reach: ReachCalibration | None, metrics: dict,
+                sha256: str) -> None:
     """Write `path`'s file to `out` (may be the same) with another refreshed order, reach calibration and metrics, the
-    head and the order model as they were."""
-    raw = {**_read(Path(path)), "metrics": metrics, **_orders(stale, reach)}
+    head and the order model as they were; `sha256` the head's that was calibrated (RefreshFile.sha256), so that a
+    file replaced meanwhile is refused, not given another head's calibration."""
+    raw = _read(Path(path))
+    if raw["sha256"] != sha256:
+        raise ValueError(f"{path} changed while it was calibrated (its head is no longer the one replayed); calibrate "
+                         "it again")
+    raw = {**raw, "metrics": metrics, **_orders(stale, reach)}
     write_atomically(out, lambda tmp: torch.save(raw, tmp))
 
 
@@ -104,7 +111,7 @@ def load_refresh(path: str | Path) -> RefreshFile:
         raise corrupt("the target fingerprint is incomplete")
     order = checkpoint_from_payload(raw["order"], str(path), corrupt)
     return RefreshFile(str(path), config, raw["state_dict"], hidden, embedding, raw["fingerprint"], raw["metrics"], order, stale,
-                       reach)
+                       reach, raw["sha256"])
 
 
 def _corrupt(path: Path):

@@ -24,6 +24,7 @@ from spot_eval.checkpoints.refresh_head import load_refresh, recorded_tokens, sa
 from spot_eval.training.fit_gamma import heldout_blocks
 from spot_eval.training.trajectories import read_blocks, read_manifest, read_projections
 
+REFRESH_KIND = REFRESH_FORMAT.rsplit("/", 1)[0] + "/"  # a SPOT-R file's format, any version
 ORDER_BUDGET = 8  # the tree size SPOT-RC's order temperature is chosen at: the comparison's headline budget
 
 
@@ -35,14 +36,24 @@ def calibrate_reach_command(
     max_blocks: int,
     all_blocks: bool = False,
     progress: Callable[[int, int], None] | None = None,
+    order_temperature: float | None = None,
 ) -> dict:
     """Replay plain SPOT's walk at `budget` over the requests the drafter's training held out, in both
     modes, fit, store; returns what was stored and the calibration tables (of a fit on half the
     trees, measured on the other half). SPOT-gamma reuses them: the calibrated score is the path's
     log-score without gamma. all_blocks: every block of `trajectories`, which were collected apart
-    from the drafter's training data. A SPOT-R file: calibrate_refresh (`progress` its progress)."""
+    from the drafter's training data. A SPOT-R file: calibrate_refresh (`order_temperature`, `progress` its own)."""
+    if max_blocks < 1:
+        raise ValueError(f"--max-blocks must be >= 1, got {max_blocks}")
     if _is_refresh(drafter):
-        return calibrate_refresh(drafter, trajectories, budget, out, max_blocks, all_blocks, progress=progress)
+        if all_blocks:  # its head reads the projections of the one collect it was trained on: no other blocks exist
+            raise ValueError(f"{drafter} is a SPOT-R file, calibrated on the requests its training held out of the one "
+                             "collect it was trained on (another collect's projections differ); drop --all-blocks")
+        return calibrate_refresh(drafter, trajectories, budget, out, max_blocks, order_temperature=order_temperature,
+                                 progress=progress)
+    if order_temperature is not None:
+        raise ValueError(f"--order-temperature is SPOT-RC's, set in a SPOT-R file; {drafter} is a SPOT checkpoint, whose "
+                         "stale order's temperature is fitted (drop --order-temperature)")
     checkpoint = load_checkpoint(drafter)
     heldout = heldout_blocks(checkpoint, trajectories, all_blocks)[:max_blocks]
     stale_fit = fit_temperature(heldout)
@@ -63,33 +74,40 @@ def calibrate_refresh(
     budget: int,
     out: str | Path | None,
     max_blocks: int,
-    all_blocks: bool = False,
     order_temperature: float | None = None,
     order_budget: int = ORDER_BUDGET,
     progress: Callable[[int, int], None] | None = None,
 ) -> dict:
-    """A SPOT-R file's calibrations, replayed over the requests its head's training held out (`all_blocks`: every
-    block) of the trajectories it was trained on (their projections are the head's): SPOT-RC's order temperature
+    """A SPOT-R file's calibrations, replayed over the requests its head's training held out of the trajectories it
+    was trained on (their projections are the head's; the held-out requests as train-refresh recorded them, or for a
+    file from before it recorded them, its split redrawn): SPOT-RC's order temperature
     (`order_temperature`, or the one whose trees commit the most per verify forward at `order_budget`,
     spot.drafters.stale.fit_by_trees), then at `budget` the reach of SPOT-R's trees and of SPOT-RC's; stored in
     the file (or a copy at `out`). Returns what was stored. progress(done, total): blocks replayed, of all replays."""
     loaded = load_refresh(drafter)
     if len(trajectories) != 1:
-        raise ValueError(f"a SPOT-R file is calibrated on the one trajectory directory it was trained on, got {len(trajectories)}")
+        raise ValueError(f"a SPOT-R file is calibrated on the one trajectory directory it was trained on, got "
+                         f"{len(trajectories)}: pass only the directory given to train-refresh --trajectories")
     directory = trajectories[0]
     differences = fingerprint_mismatch(loaded.fingerprint, read_manifest(directory).fingerprint)
     if differences:
-        raise ValueError(f"{directory} was recorded for another target than {drafter}: {'; '.join(differences)}")
+        raise ValueError(f"{directory} was recorded for another target than {drafter}: {'; '.join(differences)}; pass "
+                         "the collect it was trained on")
     tokens = recorded_tokens(loaded, read_projections(directory), str(directory))
     blocks = [b for b in read_blocks(directory, policy="single") if b.hidden is not None]
-    if not all_blocks and blocks:
-        split = {**vars(RefreshTrainConfig()), **loaded.metrics.get("config", {})}  # a file before the split was recorded: the defaults
+    if not blocks:
+        raise ValueError(f"{directory} holds no blocks with hidden states: pass the collect {drafter} was trained on")
+    if "heldout_requests" in loaded.metrics:
+        held = set(loaded.metrics["heldout_requests"])
+        blocks = [b for b in blocks if b.request in held]
+    else:  # a file from before train-refresh recorded them: its split, redrawn (the same while the collect is)
+        split = {**vars(RefreshTrainConfig()), **loaded.metrics.get("config", {})}
         held = heldout_split(torch.tensor([b.request for b in blocks]), split["heldout_fraction"], split["seed"])
         blocks = [b for b, h in zip(blocks, held.tolist(), strict=True) if h]
     blocks = blocks[:max_blocks]
     if not blocks:
-        raise ValueError(f"{directory} holds no held-out blocks with hidden states to replay: collect with --hidden-dims, "
-                         "or pass --all-blocks")
+        raise ValueError(f"{directory} holds none of the requests {drafter}'s training held out: pass the collect it "
+                         "was trained on, or train it again with a larger --heldout")
 
     def spot_r(stale: StaleOrder) -> SpotDrafter:  # SPOT-R's drafter as families._spot_r builds it, reading recorded inputs
         return SpotDrafter(loaded.order.model, tokens=tokens, model_depth=None, stale=stale)
@@ -120,7 +138,7 @@ def calibrate_refresh(
     stale = StaleOrder(order_temperature, stale_reach)
     report["order_temperature"] = order_temperature
     save_orders(drafter, out or drafter, stale, reach, {**loaded.metrics, "order_temperature": order_temperature,
-                                                         "reach_fit": report})
+                                                         "reach_fit": report}, loaded.sha256)
     return report
 
 
@@ -130,7 +148,7 @@ def _is_refresh(path: str | Path) -> bool:
         raw = torch.load(path, weights_only=True, map_location="cpu")
     except Exception:  # noqa: BLE001  (the SPOT loader reports a damaged file)
         return False
-    return isinstance(raw, dict) and raw.get("format") == REFRESH_FORMAT
+    return isinstance(raw, dict) and str(raw.get("format", "")).startswith(REFRESH_KIND)  # retired versions: load_refresh says
 
 
 def _fit(replayed: list[ReplayedTree | None]) -> tuple[ReachCalibration, dict]:

@@ -7,7 +7,13 @@ from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
-from spot.drafters.refresh_training import RefreshTrainConfig, block_examples, concat, train_refresh
+from spot.drafters.refresh_training import (
+    RefreshTrainConfig,
+    block_examples,
+    concat,
+    heldout_split,
+    train_refresh,
+)
 from spot.drafters.set_model import Projection
 from spot.drafters.stale import StaleOrder
 from spot_eval.checkpoints.drafter import checkpoint_payload, load_checkpoint
@@ -48,6 +54,10 @@ def train_refresh_command(trajectories: str | Path, order_model: str | Path, out
     if not parts:
         raise ValueError(f"{trajectories} holds no hidden states: collect with --hidden-dims 64")
     examples = concat(parts)
+    if not heldout_split(examples.request, config.heldout_fraction, config.seed).any():  # before an hour of training
+        raise ValueError(f"--heldout {config.heldout_fraction} holds out none of the {len(examples.request.unique())} "
+                         f"requests of {trajectories}: raise it, or collect more prompts (SPOT-RC's order temperature and "
+                         "both trees' reach are calibrated on the held-out requests)")
     hidden, embedding = (Projection.from_dict(projections[k]) for k in ("hidden", "embedding"))
     head, metrics = train_refresh(examples, projections["token_coords"], config, progress)
     metrics = {**metrics, "parameters": sum(p.numel() for p in head.parameters()), "steps": config.steps,
