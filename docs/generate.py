@@ -16,6 +16,7 @@ import ast
 import csv
 import html
 import json
+import math
 import os
 import sys
 import tomllib
@@ -432,8 +433,16 @@ def leaders(rows: list[dict], tasks: list[str]) -> str:
                 continue
             top = max(mine, key=lambda r: float(r[metric + "_mean"]))
             ratio = float(top[metric + "_mean"])
-            slower = "" if ratio > 1 or metric == "forward" else ", no faster than draft-free decoding"
-            best.append(f"{shown_method(top['policy'], top['label'])} on `{task}` ({ratio:.2f}x{slower})")
+            low, high = (float(top[f"{metric}_{end}"]) if top.get(f"{metric}_{end}") not in (None, "") else math.nan
+                         for end in ("low", "high"))
+            interval = "" if math.isnan(low) else f" [{low:.2f}, {high:.2f}]"
+            if metric == "forward":
+                said = ""
+            elif ratio <= 1:
+                said = ", no faster than draft-free decoding"
+            else:  # faster on the whole; whether the items say so is the interval's to tell
+                said = "" if math.isnan(low) or low > 1 else ", which the interval cannot tell from draft-free decoding"
+            best.append(f"{shown_method(top['policy'], top['label'])} on `{task}` ({ratio:.2f}x{interval}{said})")
         lines.append(f"- {what}: " + "; ".join(best) + ".")
     return "\n".join(lines) + "\n"
 

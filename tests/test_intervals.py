@@ -131,6 +131,21 @@ def test_the_verdict_cannot_tell_two_methods_whose_intervals_overlap():
     assert "gsm8k: SPOT @8 5.00 [5.00, 5.00], 55% of the bound" in said and "cannot tell" not in said
 
 
+def test_the_verdict_calls_a_method_faster_than_draft_free_only_where_its_interval_lies_above_1():
+    def said(seconds) -> str:  # spot@8's seconds per item against draft-free's 1.0
+        rows = [r for d in range(40) for r in (sample("spot_gsm8k", d, "draft_free", 100, 1.0),
+                                               sample("spot_gsm8k", d, "spot@8", 40, seconds(d)))]
+        bundle = Bundle(dict(SETTINGS), [{"temperature": 0.0, "seed": 0}], pd.DataFrame(rows), pd.DataFrame(), pd.DataFrame())
+        numbers = table2.numbers(bundle)
+        return " ".join(compare.findings(numbers, "cpu", compare.rivals(numbers), compare.means(bundle, numbers)))
+
+    assert "the fastest was SPOT @8 at 1.25×, faster than draft-free decoding (the interval" in said(lambda d: 0.8)
+    noisy = said(lambda d: 0.5 if d % 2 else 1.5)  # 1.00 overall, items far apart: the sums' ratio, then its spread
+    assert "no method beat draft-free" in noisy
+    close = said(lambda d: 0.5 if d % 2 else 1.4)  # a little faster on the whole (1.05), items far apart
+    assert "cannot tell it from draft-free decoding" in close and "faster than draft-free" not in close
+
+
 def test_results_written_before_intervals_and_padding_still_load_and_report(tmp_path):
     """A bundle of the old format (no after_eos_forwards, several seeds): Table 2 shows mean ± std as before, with the
     interval beside it computed from its samples; no padding column appears."""

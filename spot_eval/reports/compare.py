@@ -164,10 +164,11 @@ LEADER_BUDGET = 8  # the verify size the verdict names each task's leader at (th
 IDLE_TAU = 1.1  # below it a method's speed is draft-free decoding's own: it hardly speculated
 
 
-def findings(numbers: pd.DataFrame, device: str, against: pd.DataFrame) -> list[str]:
+def findings(numbers: pd.DataFrame, device: str, against: pd.DataFrame, averaged: pd.DataFrame | None = None) -> list[str]:
     """What the comparison found, in words, per temperature and policy: lossless or not, the most forwards saved,
-    the fastest on this device against draft-free, and the rivals (`against`: rivals(numbers), which the report's
-    table shows too); then why wall clock differs from forwards."""
+    the fastest on this device against draft-free (`averaged`: means(), whose interval of the mean over the tasks
+    says whether it is faster, or cannot be told from draft-free), and the rivals (`against`: rivals(numbers), which
+    the report's table shows too); then why wall clock differs from forwards."""
     lines = []
     methods = numbers[(numbers.label != "draft_free") & ~numbers.label.str.startswith(f"{BOUND}@")]
     for (t, policy), rows in methods.groupby(["temperature", "policy"], sort=True):
@@ -186,10 +187,28 @@ def findings(numbers: pd.DataFrame, device: str, against: pd.DataFrame) -> list[
             fast = per.throughput.idxmax()
             idle = f" (τ {per.tau[fast]:.2f}: it drafted almost nothing that was accepted)" if per.tau[fast] < IDLE_TAU else ""
             said.append(f"; in wall-clock time on {device} the fastest was {display_name(fast)} at {per.throughput[fast]:.2f}×"
-                        + idle + (", faster than draft-free decoding" if round(per.throughput[fast], 2) > 1 else
-                                  ": no method beat draft-free decoding in wall-clock time here"))
+                        + idle + _against_draft_free(per.throughput[fast], _interval(averaged, policy, t, fast)))
         lines.append("".join(said) + ".")
     return [*lines, *rival_verdicts(against), *leaders_at(against, LEADER_BUDGET), WHY_WALL_CLOCK]
+
+
+def _interval(averaged: pd.DataFrame | None, policy: str, t: float, label: str) -> tuple[float, float] | None:
+    """The 95% interval of a method's mean throughput ratio over the tasks, where means() gave one."""
+    if averaged is None or "throughput_low" not in averaged:
+        return None
+    row = averaged[(averaged.policy == policy) & (averaged.temperature == t) & (averaged.label == label)]
+    return None if row.empty or row.throughput_low.isna().all() else (row.throughput_low.iloc[0], row.throughput_high.iloc[0])
+
+
+def _against_draft_free(ratio: float, interval: tuple[float, float] | None) -> str:
+    if round(ratio, 2) <= 1:
+        return ": no method beat draft-free decoding in wall-clock time here"
+    if interval is None:
+        return ", faster than draft-free decoding"
+    low, high = interval
+    if low > 1:
+        return f", faster than draft-free decoding (the interval of its mean over the tasks, [{low:.2f}, {high:.2f}], lies above 1)"
+    return f", but the interval of its mean over the tasks, [{low:.2f}, {high:.2f}], cannot tell it from draft-free decoding"
 
 
 def compare(bundle: Bundle) -> list[Comparison]:
@@ -275,15 +294,16 @@ def write_comparison(bundle: Bundle, out_dir: str | Path, date: str | None = Non
         files.append(csv)
         sections.append(Section(f"Table 2 at T = {c.temperature:g}", c.caption,
                                 tables=tuple((section_title(policy), table) for policy, table in c.sections)))
-    averaged = out_dir / "compare_means.csv"
-    means(bundle, pd.concat([c.numbers for c in comparisons], ignore_index=True)).to_csv(averaged, index=False)
-    files.append(averaged)
-    date = date or (bundle.created or "")[:10]
     numbers = pd.concat([c.numbers for c in comparisons], ignore_index=True)
+    averaged = means(bundle, numbers)
+    averaged.to_csv(out_dir / "compare_means.csv", index=False)
+    files.append(out_dir / "compare_means.csv")
+    date = date or (bundle.created or "")[:10]
     shown = figures(bundle, numbers, out_dir, date, "compare_")
     files += [path for _, path in shown]
     against = rivals(numbers)
-    sections.insert(0, Section("Verdict", "\n\n".join(findings(numbers, bundle.identity.get("device") or "this device", against))))
+    verdict = findings(numbers, bundle.identity.get("device") or "this device", against, averaged)
+    sections.insert(0, Section("Verdict", "\n\n".join(verdict)))
     if not against.empty:
         sections.insert(1, Section("Against the rivals and the bound",
                                    "Per fixed budget, each method's forwards × over draft-free and, where the oracle ran at "

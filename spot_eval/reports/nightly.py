@@ -31,7 +31,7 @@ from pathlib import Path
 import pandas as pd
 
 from spot_eval.reports import plots
-from spot_eval.reports.compare import accuracy_table, compare, figures, rivals, section_title
+from spot_eval.reports.compare import accuracy_table, compare, figures, means, rivals, section_title
 from spot_eval.reports.compare import findings as found_in
 from spot_eval.reports.history import (
     BUNDLE_ARTIFACT,
@@ -276,7 +276,8 @@ def build_report(suite: Suite, new: Bundle, base: Bundle | None, baseline: str, 
             sections.append(Section(f"Table 2 at T = {c.temperature:g}", c.caption,
                                     tables=tuple((section_title(policy), t) for policy, t in c.sections)))
         numbers = pd.concat([c.numbers for c in comparisons], ignore_index=True)
-        sections.insert(1, Section("What the runs found", "\n\n".join(found_in(numbers, who.get("device") or "this device", rivals(numbers)))))
+        found = found_in(numbers, who.get("device") or "this device", rivals(numbers), means(new, numbers))
+        sections.insert(1, Section("What the runs found", "\n\n".join(found)))
         throughput, forwards, histogram, frontier = figures(new, numbers, report_dir, date, "")
         sections.append(Section("Speed per task and method", figures=(throughput, forwards, frontier)))
     else:
