@@ -171,7 +171,7 @@ def test_a_suite_picks_each_tasks_items(tmp_path):
     assert sum(len(r) for r in ranges.values()) > len(ranges)  # some suite is extended
     for (base, task), spans in ranges.items():
         spans.sort()
-        assert spans[0][0] == 0 and all(a[1] == b[0] for a, b in zip(spans, spans[1:])), (base, task, spans)
+        assert spans[0][0] == 0 and all(a[1] == b[0] for a, b in zip(spans, spans[1:], strict=False)), (base, task, spans)
 
 
 def test_a_suites_batch_size_reaches_lm_eval(tmp_path):
