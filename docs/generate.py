@@ -422,7 +422,7 @@ def headline(rows: list[dict]) -> str:
 def leaders(rows: list[dict], tasks: list[str]) -> str:
     """Per task, the speculative method that saves the most forwards and the fastest one among those that did
     speculate (a method that hardly had a draft accepted decodes at draft-free speed: no speculative win)."""
-    from spot_eval.reports.compare import IDLE_TAU
+    from spot_eval.reports.compare import IDLE_TAU, against_draft_free
 
     lines, rows = [], methods_only(rows)
     for metric, what in (("forward", "Most target forwards saved"), ("throughput", "Fastest in wall-clock time")):
@@ -436,12 +436,10 @@ def leaders(rows: list[dict], tasks: list[str]) -> str:
             low, high = (float(top[f"{metric}_{end}"]) if top.get(f"{metric}_{end}") not in (None, "") else math.nan
                          for end in ("low", "high"))
             interval = "" if math.isnan(low) else f" [{low:.2f}, {high:.2f}]"
-            if metric == "forward":
-                said = ""
-            elif ratio <= 1:
-                said = ", no faster than draft-free decoding"
-            else:  # faster on the whole; whether the items say so is the interval's to tell
-                said = "" if math.isnan(low) or low > 1 else ", which the interval cannot tell from draft-free decoding"
+            said = "" if metric == "forward" else {
+                "no faster": ", no faster than draft-free decoding", "faster": "",
+                "cannot tell": ", which the interval cannot tell from draft-free decoding",
+            }[against_draft_free(ratio, None if math.isnan(low) else (low, high))]
             best.append(f"{shown_method(top['policy'], top['label'])} on `{task}` ({ratio:.2f}x{interval}{said})")
         lines.append(f"- {what}: " + "; ".join(best) + ".")
     return "\n".join(lines) + "\n"

@@ -200,13 +200,23 @@ def _interval(averaged: pd.DataFrame | None, policy: str, t: float, label: str) 
     return None if row.empty or row.throughput_low.isna().all() else (row.throughput_low.iloc[0], row.throughput_high.iloc[0])
 
 
-def _against_draft_free(ratio: float, interval: tuple[float, float] | None) -> str:
+def against_draft_free(ratio: float, interval: tuple[float, float] | None) -> str:
+    """A wall-clock ratio over draft-free decoding, read with its 95% interval (None: not known): "no faster" (at or
+    below 1.00 as printed), "faster" (the interval, where known, above 1) or "cannot tell" (the interval reaches 1).
+    The verdict and the docs' results page both word it from here."""
     if round(ratio, 2) <= 1:
+        return "no faster"
+    return "faster" if interval is None or interval[0] > 1 else "cannot tell"
+
+
+def _against_draft_free(ratio: float, interval: tuple[float, float] | None) -> str:
+    said = against_draft_free(ratio, interval)
+    if said == "no faster":
         return ": no method beat draft-free decoding in wall-clock time here"
     if interval is None:
         return ", faster than draft-free decoding"
     low, high = interval
-    if low > 1:
+    if said == "faster":
         return f", faster than draft-free decoding (the interval of its mean over the tasks, [{low:.2f}, {high:.2f}], lies above 1)"
     return f", but the interval of its mean over the tasks, [{low:.2f}, {high:.2f}], cannot tell it from draft-free decoding"
 

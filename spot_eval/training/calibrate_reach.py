@@ -100,9 +100,10 @@ def calibrate_refresh(
     if "heldout_requests" in loaded.metrics:
         held = set(loaded.metrics["heldout_requests"])
         blocks = [b for b in blocks if b.request in held]
-    else:  # a file from before train-refresh recorded them: its split, redrawn (the same while the collect is)
-        split = {**vars(RefreshTrainConfig()), **loaded.metrics.get("config", {})}
-        held = heldout_split(torch.tensor([b.request for b in blocks]), split["heldout_fraction"], split["seed"])
+    else:  # a file from before train-refresh recorded them (or its settings): the default split, redrawn, the same
+        # while the collect is
+        split = RefreshTrainConfig()
+        held = heldout_split(torch.tensor([b.request for b in blocks]), split.heldout_fraction, split.seed)
         blocks = [b for b, h in zip(blocks, held.tolist(), strict=True) if h]
     blocks = blocks[:max_blocks]
     if not blocks:
