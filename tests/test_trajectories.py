@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import shutil
+from dataclasses import replace
 
 import pytest
 import torch
@@ -284,3 +285,15 @@ def test_cli_train_refresh_chooses_spot_rc_s_order_by_its_trees_and_calibrates_a
         main(["train-refresh", "--trajectories", str(out), "--order-model", str(order), "--out", str(tmp_path / "x.pt"),
               "--heldout", "0"])
     assert "--heldout 0.0 holds out none of the 4 requests" in capsys.readouterr().err and not (tmp_path / "x.pt").exists()
+    # the file records the widths its head was built with (the collect's), not RefreshConfig's defaults
+    assert {k: loaded.metrics["config"]["head"][k] for k in ("topk", "hidden_dims", "embedding_dims")} == {
+        "topk": 32, "hidden_dims": 8, "embedding_dims": 8}
+    # an order model reading another top-k than the collect recorded: the head would refresh candidates it never saw
+    from spot_eval.training import train_refresh as command
+
+    real = command.load_checkpoint
+    monkeypatch.setattr(command, "load_checkpoint", lambda path: replace(real(path), config=replace(real(path).config, topk=16)))
+    with pytest.raises(SystemExit):
+        main(["train-refresh", "--trajectories", str(out), "--order-model", str(order), "--out", str(tmp_path / "x.pt")])
+    assert "records the top 32 log-probabilities a position, but the order model" in capsys.readouterr().err
+    assert not (tmp_path / "x.pt").exists()

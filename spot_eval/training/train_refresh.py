@@ -4,7 +4,7 @@ recorded with hidden states, and write it with the SPOT order model whose trees 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from spot.drafters.refresh_training import (
@@ -54,6 +54,10 @@ def train_refresh_command(trajectories: str | Path, order_model: str | Path, out
     if not parts:
         raise ValueError(f"{trajectories} holds no hidden states: collect with --hidden-dims 64")
     examples = concat(parts)
+    if (recorded := examples.inputs.ids.shape[1]) != order.config.topk:  # a node's stale top-k is the order model's
+        raise ValueError(f"{trajectories} records the top {recorded} log-probabilities a position, but the order model "
+                         f"{order_model} reads the top {order.config.topk}, which SPOT-R's head refreshes when it drafts: "
+                         f"collect with --topk {order.config.topk}, or pass an order model trained on a top {recorded}")
     if not heldout_split(examples.request, config.heldout_fraction, config.seed).any():  # before an hour of training
         raise ValueError(f"--heldout {config.heldout_fraction} holds out none of the {len(examples.request.unique())} "
                          f"requests of {trajectories}: raise it, or collect more prompts (SPOT-RC's order temperature and "
@@ -61,7 +65,8 @@ def train_refresh_command(trajectories: str | Path, order_model: str | Path, out
     hidden, embedding = (Projection.from_dict(projections[k]) for k in ("hidden", "embedding"))
     head, metrics = train_refresh(examples, projections["token_coords"], config, progress)
     metrics = {**metrics, "parameters": sum(p.numel() for p in head.parameters()), "steps": config.steps,
-               "order_model": str(order_model), "config": asdict(config)}
+               "order_model": str(order_model),
+               "config": asdict(replace(config, head=head.config))}  # the widths the head was built with, not the defaults
     # the likelihood's temperature until the calibration replaces it with the trees' (or order_temperature)
     save_refresh(out, head, hidden, embedding, fingerprint, metrics, checkpoint_payload(order_model),
                  StaleOrder(metrics["order"]["temperature"]))
