@@ -86,7 +86,7 @@ def run_seed(target, prompts: list[list[int]], config: DecodeConfig, specs, seed
         for label in labels:
             if label == STANDARD:
                 g = generate(target, ids, replace(config, policy="single"), request=i)
-                anchor_rows.append({"seed": seed, "prompt": i, "forwards": g.stats.forwards, "seconds": g.stats.seconds})
+                anchor_rows.append({"seed": seed, "doc_id": i, "forwards": g.stats.forwards, "seconds": g.stats.seconds})
                 continue
             cfg = config if label == "draft_free" else entries[label][0].config(config)
             auto = sizings.get(label)
@@ -96,13 +96,13 @@ def run_seed(target, prompts: list[list[int]], config: DecodeConfig, specs, seed
         for label, g in results.items():
             s, reference = g.stats, results["draft_free"].token_ids
             rows.append({
-                "seed": seed, "prompt": i, "label": label, "tokens": len(g.token_ids), "forwards": s.forwards, "steps": s.steps,
+                "seed": seed, "doc_id": i, "label": label, "tokens": len(g.token_ids), "forwards": s.forwards, "steps": s.steps,
                 "seconds": s.seconds, "drafter_seconds": s.drafter_seconds, "target_seconds": s.target_seconds,
                 "accepted_lengths": s.accepted_lengths, "draft_nodes": s.draft_nodes,
                 "lossless": g.token_ids == reference, "token_divergence": token_divergence(g.token_ids, reference),
                 "lossy": label in lossy,
             })
-    return pd.DataFrame(rows), pd.DataFrame(anchor_rows, columns=["seed", "prompt", "forwards", "seconds"])
+    return pd.DataFrame(rows), pd.DataFrame(anchor_rows, columns=["seed", "doc_id", "forwards", "seconds"])
 
 
 def main() -> None:

@@ -104,7 +104,7 @@ def test_a_suite_and_its_continuation_pool_their_items_and_a_request_counts_once
     pooled = combine([part(range(2)), part(range(2, 5))])
     assert sorted(pooled.samples.doc_id.unique()) == [0, 1, 2, 3, 4]
     assert summarize(pooled.samples, ["task"]).set_index("label").loc["m@8", "requests"] == 5
-    with pytest.raises(ResultsError, match=r"2 requests are in more than one .* t document 1, draft_free"):
+    with pytest.raises(ResultsError, match=r"1 requests are in more than one .* t document 1, m@8"):
         combine([part(range(2)), part(range(1, 3))])
     # an experiment's runs read back newest first: a request decoded twice counts once, every row from the newer run
     newer, older = part(range(1, 3)), part(range(2))
@@ -112,6 +112,42 @@ def test_a_suite_and_its_continuation_pool_their_items_and_a_request_counts_once
     both = combine(newest_only([newer, older]))
     assert sorted(both.samples.doc_id.unique()) == [0, 1, 2] and len(both.samples) == 6
     assert both.samples.set_index(["doc_id", "label"]).loc[(1, "m@8"), "seconds"] == 2.0
+
+
+def test_a_part_that_adds_methods_to_decoded_requests_takes_each_against_its_own_draft_free_decode():
+    """A later bundle decodes requests an earlier one holds again, draft-free beside a new method: the new method's
+    ratios are against that draft-free decode (its seconds measured beside it), the earlier methods' against theirs,
+    every request counts once in draft-free's row, and a method on some items only is taken over those items."""
+    def part(docs, method, forwards, seconds):
+        rows = [sample("t", d, label, f, s) for d in docs for label, f, s in (("draft_free", 100, 1.0 * seconds), (method, forwards, seconds))]
+        return Bundle(dict(SETTINGS), [{"temperature": 0.0, "seed": 0}], pd.DataFrame(rows), pd.DataFrame(), pd.DataFrame())
+
+    first, more = part(range(4), "m@8", 50, 1.0), part(range(4, 8), "m@8", 50, 1.0)
+    added = part(range(2), "r@8", 25, 3.0)  # its run was three times slower: draft-free too
+    added.samples.loc[added.samples.label == "draft_free", "seconds"] = 6.0  # and r@8 twice as fast as draft-free
+    pooled = combine([first, more, added])
+    table = summarize(pooled.samples, ["task"]).set_index("label")
+    assert table.loc["draft_free", "requests"] == 8 and table.loc["draft_free", "seconds"] == 8.0  # each request once
+    assert table.loc["m@8", ["forward_ratio", "throughput_ratio", "requests"]].tolist() == [2.0, 1.0, 8]
+    assert table.loc["r@8", ["forward_ratio", "throughput_ratio", "requests"]].tolist() == [4.0, 2.0, 2]
+    ci = intervals(pooled.samples, ["task"]).set_index("label")
+    assert ci.loc["r@8", "forward_low"] == pytest.approx(4.0) == ci.loc["r@8", "forward_high"]
+    assert ci.loc["r@8", "throughput_low"] == pytest.approx(2.0) == ci.loc["r@8", "throughput_high"]
+    # its draft-free decodes must be the earlier ones' (the same decoder on the same request), and a method once
+    other = part(range(2), "r@8", 25, 1.0)
+    other.samples.loc[(other.samples.label == "draft_free") & (other.samples.doc_id == 1), "forwards"] = 99
+    with pytest.raises(ResultsError, match=r"draft-free decoding took different forwards on one request .*t document 1, T = 0"):
+        combine([first, other])
+    with pytest.raises(ResultsError, match=r"2 requests are in more than one .* t document 0, r@8"):
+        combine([first, added, added])
+
+
+def test_a_cells_interval_does_not_depend_on_what_is_pooled_beside_it():
+    rows = [r for d in range(30) for r in (sample("a", d, "draft_free", 100, 1.0), sample("a", d, "m@8", 30 + d, 1.0))]
+    alone = intervals(pd.DataFrame(rows), ["task"])
+    other = [r for d in range(9) for r in (sample("b", d, "draft_free", 100, 1.0), sample("b", d, "m@8", 60 - d, 1.0))]
+    beside = intervals(pd.DataFrame(other + rows), ["task"])
+    assert beside[beside.task == "a"].reset_index(drop=True).equals(alone)
 
 
 def test_the_verdict_cannot_tell_two_methods_whose_intervals_overlap():

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import time
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -154,22 +155,18 @@ def _accuracy(run_dir: Path, temperature: float, seed: int) -> pd.DataFrame:
 
 
 def combine(bundles: list[Bundle]) -> Bundle:
-    """One bundle from several; their settings must agree."""
+    """One bundle from several; their settings must agree. Bundles pool their requests (results/comparison/*-more.toml
+    extends a suite with later items), and a bundle may add methods to requests that an earlier one decoded (it
+    decodes them again with draft-free decoding, its methods' reference, side by side): each sample row then says
+    which bundle it came from (`part`), and a method's ratios are taken against the draft-free decode of the same
+    request in the same part (`summarize`)."""
     if not bundles:
         raise ResultsError("no results to combine")
     check_settings([b.settings for b in bundles], [r.get("dir", "?") for b in bundles for r in b.runs[:1]])
-    samples = pd.concat([b.samples for b in bundles], ignore_index=True)
-    # Bundles that extend each other (results/comparison/*-more.toml) pool their items; one request counted twice
-    # would weigh its item double in every sum and interval.
-    request = [k for k in (*REQUEST, "label") if k in samples.columns]
-    twice = samples[samples.duplicated(request)]
-    if len(bundles) > 1 and not twice.empty:
-        first = twice.iloc[0]
-        raise ResultsError(
-            f"{len(twice)} requests are in more than one of the results given (e.g. {first['task']} document "
-            f"{first['doc_id']}, {first['label']}, T = {first['temperature']:g}, seed {first['seed']}): pass each run's "
-            "results once, and extend a suite with one that starts after its items (a suite's start)"
-        )
+    parts = [b.samples.assign(part=i) if len(bundles) > 1 else b.samples for i, b in enumerate(bundles)]
+    samples = pd.concat(parts, ignore_index=True)
+    if len(bundles) > 1:
+        _check_pooled(samples)
     return Bundle(
         settings=bundles[0].settings,
         runs=[r for b in bundles for r in b.runs],
@@ -178,6 +175,31 @@ def combine(bundles: list[Bundle]) -> Bundle:
         accuracy=pd.concat([b.accuracy for b in bundles], ignore_index=True),
         created=time.strftime("%Y-%m-%dT%H:%M:%S"),
     )
+
+
+def _check_pooled(samples: pd.DataFrame) -> None:
+    """Refuse a method's request in two bundles (it would weigh its item double in every sum and interval), and a
+    request whose draft-free decodes in two bundles took different forwards (the same decoder on the same request:
+    one of them is not what the other bundle's methods were checked against)."""
+    request = [k for k in REQUEST if k in samples.columns]
+    methods = samples[samples.label != "draft_free"]
+    twice = methods[methods.duplicated([*request, "label"])]
+    if not twice.empty:
+        first = twice.iloc[0]
+        raise ResultsError(
+            f"{len(twice)} requests are in more than one of the results given (e.g. {first['task']} document "
+            f"{first['doc_id']}, {first['label']}, T = {first['temperature']:g}, seed {first['seed']}): pass each run's "
+            "results once, and extend a suite with one that starts after its items (a suite's start) or runs other methods"
+        )
+    free = samples[samples.label == "draft_free"]
+    forwards = free.groupby(request, sort=False)["forwards"].nunique()
+    if (forwards > 1).any():
+        first = dict(zip(request, forwards[forwards > 1].index[0], strict=True))
+        raise ResultsError(
+            f"draft-free decoding took different forwards on one request in two of the results given ({first['task']} "
+            f"document {first['doc_id']}, T = {first['temperature']:g}, seed {first['seed']}): they were not decoded by "
+            "the same target and settings; compare results of one target and decoder"
+        )
 
 
 REQUEST = ("policy", "temperature", "seed", "task", "doc_id", "repeat")  # one decoded request, every method's row of it
@@ -291,12 +313,14 @@ OVER_SEEDS = ("Over several seeds, the forward and throughput ratios are the mea
 
 def summarize(samples: pd.DataFrame, keys: list[str], anchor: str | None = None) -> pd.DataFrame:
     """Per keys + label: the sums over the requests and every figure of `RATIOS`, against the draft-free decoder on
-    the same keys: the SPOT paper's definitions. Every request's methods are decoded back to back in one process,
+    the same requests: the SPOT paper's definitions. Every request's methods are decoded back to back in one process,
     so its draft-free and speculative seconds were measured side by side, in this process or (resumed: the count of
-    requests read back from lm-eval's cache) in an earlier one.
+    requests read back from lm-eval's cache) in an earlier one; a method's reference is the draft-free decode of
+    each of its requests in its own run (`part`, where results that add methods to decoded requests are pooled:
+    `combine`), summed over the same requests as the method's.
 
     anchor: with "policy" among the keys, each policy's own draft-free decoder is measured against the `anchor`
-    policy's draft-free decoder on the same other keys (Table 2's threshold-decoding row over single commit);
+    policy's draft-free decoder on the same requests (Table 2's threshold-decoding row over single commit);
     without it a draft-free row is its own reference.
     """
     if samples.empty:
@@ -307,36 +331,62 @@ def summarize(samples: pd.DataFrame, keys: list[str], anchor: str | None = None)
     # target_seconds: the verify forwards' share of `seconds` (results written before it was kept have none)
     target = {"target_seconds": ("target_seconds", "sum")} if "target_seconds" in df.columns else {}
     # after_eos_forwards: results written before it was kept have none (their padding columns stay empty)
-    padding = {"after_eos_forwards": ("after_eos_forwards", "sum")} if _has_padding(df) else {}
+    padded = _has_padding(df)
+    padding = {"after_eos_forwards": ("after_eos_forwards", "sum")} if padded else {}
+    sums = ["forwards", "seconds", *padding]
+    df = df.join(_references(samples, sums, keys, anchor))[_shown(df)]
     grouped = df.groupby([*keys, "label"], sort=False).agg(
         requests=("forwards", "size"), resumed=("resumed", "sum"), tokens=("tokens", "sum"), forwards=("forwards", "sum"),
         steps=("steps", "sum"), seconds=("seconds", "sum"), drafter_seconds=("drafter_seconds", "sum"), **target,
         lossless=("lossless", "mean"), lossy=("lossy", "max"), token_divergence=("token_divergence", "mean"),
         draft_nodes=("draft_nodes", "sum"), verifies=("verifies", "sum"), **padding,
+        **{f"reference_{c}": (f"reference_{c}", _whole_sum) for c in sums},
     ).reset_index()
     grouped["lossy"] = grouped["lossy"].astype(bool)
-    sums = ["forwards", "seconds", *padding]
-    reference = grouped[grouped["label"] == "draft_free"].set_index(keys)[sums]
-    over = reference.reindex(_reference_index(grouped, keys, anchor))
-    grouped["forward_ratio"] = over["forwards"].to_numpy() / grouped["forwards"]
-    grouped["throughput_ratio"] = over["seconds"].to_numpy() / grouped["seconds"]
-    if padding:
-        grouped["forward_ratio_to_eos"] = ((over["forwards"] - over["after_eos_forwards"]).to_numpy()
+    grouped["forward_ratio"] = grouped["reference_forwards"] / grouped["forwards"]
+    grouped["throughput_ratio"] = grouped["reference_seconds"] / grouped["seconds"]
+    if padded:
+        grouped["forward_ratio_to_eos"] = ((grouped["reference_forwards"] - grouped["reference_after_eos_forwards"])
                                            / (grouped["forwards"] - grouped["after_eos_forwards"]))
-    return _pooled(grouped)
+    return _pooled(grouped.drop(columns=[f"reference_{c}" for c in sums]))
+
+
+def _whole_sum(values: pd.Series) -> float:
+    """The sum, or NaN where a value is missing: a ratio over some of a method's requests would not be its ratio."""
+    return values.sum() if values.notna().all() else np.nan
 
 
 def _has_padding(samples: pd.DataFrame) -> bool:
     return "after_eos_forwards" in samples.columns and bool(samples["after_eos_forwards"].notna().all())
 
 
-def _reference_index(grouped: pd.DataFrame, keys: list[str], anchor: str | None) -> pd.Index:
-    """Where each row's reference sits among the draft-free rows: the same keys, and under `anchor` a policy's own
-    draft-free decoder against the anchor policy's."""
-    own = grouped[keys].copy()
-    if anchor is not None and "policy" in keys:
-        own["policy"] = grouped["policy"].where(grouped["label"] != "draft_free", anchor)
-    return pd.MultiIndex.from_frame(own) if len(keys) > 1 else pd.Index(own[keys[0]])
+def _shown(samples: pd.DataFrame) -> pd.Series:
+    """[rows] bool: every row but a draft-free decode that an earlier part holds already (a part that adds methods to
+    decoded requests decodes them again, as its methods' reference: `combine`), so that each request counts once."""
+    if "part" not in samples.columns:
+        return pd.Series(True, index=samples.index)
+    request = [k for k in REQUEST if k in samples.columns]
+    return ~((samples.label == "draft_free") & samples.duplicated([*request, "label"]))
+
+
+def _references(samples: pd.DataFrame, columns: list[str], keys: list[str], anchor: str | None) -> pd.DataFrame:
+    """[rows, reference_<column>]: each row's reference, its request's draft-free decode in the same part (where the
+    method was decoded beside it), or, for a draft-free row of another policy than `anchor` (with "policy" among the
+    keys), the anchor policy's draft-free decode of the request; a draft-free row is otherwise its own. NaN where
+    the reference was not decoded."""
+    request = [k for k in REQUEST if k in samples.columns]
+    free = samples[samples.label == "draft_free"]
+    out = _lookup(samples, free, [*request, *(["part"] if "part" in samples.columns else [])], columns)
+    if anchor is not None and "policy" in keys and "policy" in request:
+        moved = ((samples.label == "draft_free") & (samples.policy != anchor)).to_numpy()
+        out[moved] = _lookup(samples[moved].assign(policy=anchor), free[_shown(free)], request, columns)
+    return pd.DataFrame(out, index=samples.index, columns=[f"reference_{c}" for c in columns])
+
+
+def _lookup(rows: pd.DataFrame, table: pd.DataFrame, on: list[str], columns: list[str]) -> np.ndarray:
+    """[rows, columns]: `table`'s columns at each row's values of `on` (its first row there; NaN where it has none)."""
+    found = rows[on].merge(table.drop_duplicates(on)[[*on, *columns]], on=on, how="left")  # keeps the rows' order
+    return found[columns].to_numpy(float)
 
 
 def _pooled(sums: pd.DataFrame) -> pd.DataFrame:
@@ -380,35 +430,40 @@ def ratio_replicates(samples: pd.DataFrame, keys: list[str], anchor: str | None 
 
     Returns {(*key values, label): {"forward": [R], "throughput": [R], "to_eos": [R] (with padding counts)}}."""
     keys = [k for k in keys if k != "seed"]
-    rng = np.random.default_rng(0)
-    padded = _has_padding(samples)
+    columns = ["forwards", "seconds", *(["after_eos_forwards"] if _has_padding(samples) else [])]
+    references = [f"reference_{c}" for c in columns]
+    rows = samples.join(_references(samples, columns, keys, anchor))[_shown(samples)]
     out: dict[tuple, dict[str, np.ndarray]] = {}
-    for key, part in samples.groupby(keys, sort=False) if keys else [((), samples)]:
+    for key, part in rows.groupby(keys, sort=False) if keys else [((), rows)]:
         key = key if isinstance(key, tuple) else (key,)
         docs = pd.Index(sorted(part["doc_id"].unique()))
-        picks = rng.multinomial(len(docs), np.full(len(docs), 1 / len(docs)), size=replicates)  # [R, items]
-
-        columns = ["forwards", "seconds", *(["after_eos_forwards"] if padded else [])]
+        picks = _resamples(len(docs), replicates, key)  # [R, items]: every method's of the group on the same resamples
         for label in part.label.unique():
-            reference_rows = part
-            if label == "draft_free" and anchor is not None and "policy" in keys and key[keys.index("policy")] != anchor:
-                at = dict(zip(keys, key, strict=True)) | {"policy": anchor}
-                reference_rows = samples[np.logical_and.reduce([samples[k] == v for k, v in at.items()])]
-                if reference_rows.empty:
-                    continue
-            reference, mine = _per_item(reference_rows, "draft_free", docs, columns), _per_item(part, label, docs, columns)
-            ref, own = picks @ reference, picks @ mine  # [R, columns]: the sums on each resample
+            mine = part[part.label == label]
+            if mine[references].isna().any().any():  # a reference not decoded here (a draft-free row's anchor policy's, say)
+                continue
+            own_docs = pd.Index(sorted(mine["doc_id"].unique()))
+            at, drawn = (docs, picks) if own_docs.equals(docs) else (own_docs, _resamples(len(own_docs), replicates, (*key, label)))
+            ref, own = drawn @ _per_item(mine, at, references), drawn @ _per_item(mine, at, columns)  # [R, columns]
             with np.errstate(divide="ignore", invalid="ignore"):
                 ratios = {"forward": ref[:, 0] / own[:, 0], "throughput": ref[:, 1] / own[:, 1]}
-                if padded:
+                if len(columns) > 2:
                     ratios["to_eos"] = (ref[:, 0] - ref[:, 2]) / (own[:, 0] - own[:, 2])
             out[(*key, label)] = ratios
     return out
 
 
-def _per_item(rows: pd.DataFrame, label: str, docs: pd.Index, columns: list[str]) -> np.ndarray:
-    """[items, columns]: one label's sums per document (over its seeds and repeats), in the order of `docs`."""
-    return rows[rows.label == label].groupby("doc_id")[columns].sum().reindex(docs, fill_value=0).to_numpy(float)
+def _resamples(items: int, replicates: int, key: tuple) -> np.ndarray:
+    """[replicates, items]: how often each item is drawn in each bootstrap resample, seeded by the cell's key, so that
+    a cell's interval does not depend on which other results are pooled beside it."""
+    rng = np.random.default_rng(zlib.crc32("|".join(map(str, key)).encode()))
+    return rng.multinomial(items, np.full(items, 1 / items), size=replicates)
+
+
+def _per_item(rows: pd.DataFrame, docs: pd.Index, columns: list[str]) -> np.ndarray:
+    """[items, columns]: the rows' sums per document (over its seeds and repeats), in the order of `docs` (0 where
+    the rows have none)."""
+    return rows.groupby("doc_id")[columns].sum().reindex(docs, fill_value=0).to_numpy(float)
 
 
 def intervals(samples: pd.DataFrame, keys: list[str], anchor: str | None = None, level: float = 0.95) -> pd.DataFrame:
