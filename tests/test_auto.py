@@ -139,7 +139,7 @@ def test_auto_is_refused_for_a_drafter_without_reach(tmp_path, monkeypatch):
     # ship (a shipped one), to train one
     embedded, uncalibrated = load_target(EMBEDDED_TARGET, None), tmp_path / "spot_r_b32.pt"
     raw = torch.load(shipped_drafter("spot_r", 32), weights_only=True)
-    torch.save({**raw, "reach": None}, uncalibrated)
+    torch.save({**raw, "reach": None, "stale": {**raw["stale"], "reach": None}}, uncalibrated)
     with pytest.raises(ValueError, match=r"no reach calibration of spot_rc's trees.*calibrate-reach --drafter .*spot_rc@8"):
         build_drafter(MethodSpec("spot_rc", 20, str(uncalibrated), auto=True), embedded, "single")
     monkeypatch.setattr(shipped, "DRAFTERS", tmp_path)
@@ -149,7 +149,7 @@ def test_auto_is_refused_for_a_drafter_without_reach(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_decode_budget_auto_and_the_profile_command(tmp_path, capsys, monkeypatch):
-    """The shipped block-32 drafter carries a calibration; decode sizes each tree from this machine's profile."""
+    """The shipped block-32 drafters carry a calibration; decode sizes each tree from this machine's profile."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.chdir(tmp_path)
     shown = run_cli(capsys, "profile", "--threads", "1")
@@ -165,6 +165,11 @@ def test_decode_budget_auto_and_the_profile_command(tmp_path, capsys, monkeypatc
     assert result["budget"] == "auto" and result["max_budget"] == 20 and 0 <= result["mean_tree_size"] <= 20
     reference = run_cli(capsys, "decode", "--prompt", "What is 2 + 3?", "--chat", "--gen-length", "64", "--json", "--threads", "1")
     assert json.loads(reference.stdout)["token_ids"] == result["token_ids"]
+    for method in ("spot_r", "spot_rc"):  # the shipped SPOT-R file carries the calibrations of both its trees
+        refreshed = run_cli(capsys, "decode", "--method", method, "--budget", "auto", "--prompt", "What is 2 + 3?", "--chat",
+                            "--gen-length", "64", "--json", "--threads", "1")
+        assert refreshed.returncode == 0, refreshed.stderr
+        assert json.loads(refreshed.stdout)["token_ids"] == result["token_ids"], method
     bad = run_cli(capsys, "decode", "--method", "random", "--budget", "auto", "--prompt", "x")
     assert bad.returncode == 2 and "--budget auto needs a drafter with calibrated reach" in bad.stderr
 
