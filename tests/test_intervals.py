@@ -142,6 +142,17 @@ def test_a_part_that_adds_methods_to_decoded_requests_takes_each_against_its_own
         combine([first, added, added])
 
 
+def test_samples_whose_index_repeats_give_the_same_figures():
+    """Frames concatenated without a new index (a caller's pd.concat) repeat index labels: the references are
+    matched by request, not by index label."""
+    a = pd.DataFrame([sample("t", d, label, f, 1.0) for d in range(3) for label, f in (("draft_free", 100), ("m@8", 40))])
+    b = pd.DataFrame([sample("t", d, label, f, 2.0) for d in range(3, 6) for label, f in (("draft_free", 100), ("m@8", 25))])
+    repeated, fresh = pd.concat([a, b]), pd.concat([a, b], ignore_index=True)
+    assert summarize(repeated, ["task"]).equals(summarize(fresh, ["task"]))
+    assert summarize(repeated, ["task"]).set_index("label").loc["m@8", "forward_ratio"] == pytest.approx(600 / 195)
+    assert intervals(repeated, ["task"]).equals(intervals(fresh, ["task"]))
+
+
 def test_a_cells_interval_does_not_depend_on_what_is_pooled_beside_it():
     rows = [r for d in range(30) for r in (sample("a", d, "draft_free", 100, 1.0), sample("a", d, "m@8", 30 + d, 1.0))]
     alone = intervals(pd.DataFrame(rows), ["task"])

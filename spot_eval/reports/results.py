@@ -334,7 +334,7 @@ def summarize(samples: pd.DataFrame, keys: list[str], anchor: str | None = None)
     padded = _has_padding(df)
     padding = {"after_eos_forwards": ("after_eos_forwards", "sum")} if padded else {}
     sums = ["forwards", "seconds", *padding]
-    df = df.join(_references(samples, sums, keys, anchor))[_shown(df)]
+    df = df.assign(**_references(samples, sums, keys, anchor))[_shown(df)]
     grouped = df.groupby([*keys, "label"], sort=False).agg(
         requests=("forwards", "size"), resumed=("resumed", "sum"), tokens=("tokens", "sum"), forwards=("forwards", "sum"),
         steps=("steps", "sum"), seconds=("seconds", "sum"), drafter_seconds=("drafter_seconds", "sum"), **target,
@@ -360,17 +360,18 @@ def _has_padding(samples: pd.DataFrame) -> bool:
     return "after_eos_forwards" in samples.columns and bool(samples["after_eos_forwards"].notna().all())
 
 
-def _shown(samples: pd.DataFrame) -> pd.Series:
-    """[rows] bool: every row but a draft-free decode that an earlier part holds already (a part that adds methods to
-    decoded requests decodes them again, as its methods' reference: `combine`), so that each request counts once."""
+def _shown(samples: pd.DataFrame) -> np.ndarray:
+    """[rows] bool, by position (an index may repeat): every row but a draft-free decode that an earlier part holds
+    already (a part that adds methods to decoded requests decodes them again, as its methods' reference: `combine`),
+    so that each request counts once."""
     if "part" not in samples.columns:
-        return pd.Series(True, index=samples.index)
+        return np.ones(len(samples), dtype=bool)
     request = [k for k in REQUEST if k in samples.columns]
-    return ~((samples.label == "draft_free") & samples.duplicated([*request, "label"]))
+    return ~((samples.label == "draft_free") & samples.duplicated([*request, "label"])).to_numpy()
 
 
-def _references(samples: pd.DataFrame, columns: list[str], keys: list[str], anchor: str | None) -> pd.DataFrame:
-    """[rows, reference_<column>]: each row's reference, its request's draft-free decode in the same part (where the
+def _references(samples: pd.DataFrame, columns: list[str], keys: list[str], anchor: str | None) -> dict[str, np.ndarray]:
+    """{reference_<column>: [rows]}: each row's reference, its request's draft-free decode in the same part (where the
     method was decoded beside it), or, for a draft-free row of another policy than `anchor` (with "policy" among the
     keys), the anchor policy's draft-free decode of the request; a draft-free row is otherwise its own. NaN where
     the reference was not decoded."""
@@ -380,7 +381,7 @@ def _references(samples: pd.DataFrame, columns: list[str], keys: list[str], anch
     if anchor is not None and "policy" in keys and "policy" in request:
         moved = ((samples.label == "draft_free") & (samples.policy != anchor)).to_numpy()
         out[moved] = _lookup(samples[moved].assign(policy=anchor), free[_shown(free)], request, columns)
-    return pd.DataFrame(out, index=samples.index, columns=[f"reference_{c}" for c in columns])
+    return {f"reference_{c}": out[:, i] for i, c in enumerate(columns)}
 
 
 def _lookup(rows: pd.DataFrame, table: pd.DataFrame, on: list[str], columns: list[str]) -> np.ndarray:
@@ -432,7 +433,7 @@ def ratio_replicates(samples: pd.DataFrame, keys: list[str], anchor: str | None 
     keys = [k for k in keys if k != "seed"]
     columns = ["forwards", "seconds", *(["after_eos_forwards"] if _has_padding(samples) else [])]
     references = [f"reference_{c}" for c in columns]
-    rows = samples.join(_references(samples, columns, keys, anchor))[_shown(samples)]
+    rows = samples.assign(**_references(samples, columns, keys, anchor))[_shown(samples)]
     out: dict[tuple, dict[str, np.ndarray]] = {}
     for key, part in rows.groupby(keys, sort=False) if keys else [((), rows)]:
         key = key if isinstance(key, tuple) else (key,)
