@@ -100,7 +100,7 @@ def test_every_way_into_mlflow_reaches_the_runs_table_with_the_headline_columns(
         def fresh_page():  # a newcomer's browser: nothing remembered; wide enough that the table renders each column
             context = browser.new_context(viewport={"width": 2560, "height": 1200})
             page = context.new_page()
-            page.on("console", lambda m: errors.append(m.text) if m.type == "error" and not noise(
+            page.on("console", lambda m: errors.append(f"{m.text} ({m.location.get('url', '')})") if m.type == "error" and not noise(
                 m.text, m.location.get("url", "")) else None)
             page.on("pageerror", lambda e: errors.append(f"uncaught: {e}"))
             return context, page
