@@ -181,7 +181,7 @@ def _check_pooled(samples: pd.DataFrame) -> None:
     """Refuse a method's request in two bundles (it would weigh its item double in every sum and interval), and a
     request whose draft-free decodes in two bundles took different forwards (the same decoder on the same request:
     one of them is not what the other bundle's methods were checked against)."""
-    request = [k for k in REQUEST if k in samples.columns]
+    request = _request_keys(samples)
     methods = samples[samples.label != "draft_free"]
     twice = methods[methods.duplicated([*request, "label"])]
     if not twice.empty:
@@ -205,6 +205,11 @@ def _check_pooled(samples: pd.DataFrame) -> None:
 REQUEST = ("policy", "temperature", "seed", "task", "doc_id", "repeat")  # one decoded request, every method's row of it
 
 
+def _request_keys(samples: pd.DataFrame) -> list[str]:
+    """The columns of `REQUEST` that the samples have (older results lack some): what names one of their requests."""
+    return [k for k in REQUEST if k in samples.columns]
+
+
 def newest_only(bundles: list[Bundle]) -> list[Bundle]:
     """The bundles, newest first, each without the requests a newer one holds (every method's rows of a request come
     from one run, so its ratios stay side by side): what an experiment's runs of the same suite on several days
@@ -212,7 +217,7 @@ def newest_only(bundles: list[Bundle]) -> list[Bundle]:
     seen: set[tuple] = set()
     out = []
     for bundle in bundles:
-        keys = [k for k in REQUEST if k in bundle.samples.columns]
+        keys = _request_keys(bundle.samples)
         request = list(bundle.samples[keys].itertuples(index=False, name=None))
         kept = bundle.samples[[r not in seen for r in request]]
         seen.update(request)
@@ -366,7 +371,7 @@ def _shown(samples: pd.DataFrame) -> np.ndarray:
     so that each request counts once."""
     if "part" not in samples.columns:
         return np.ones(len(samples), dtype=bool)
-    request = [k for k in REQUEST if k in samples.columns]
+    request = _request_keys(samples)
     return ~((samples.label == "draft_free") & samples.duplicated([*request, "label"])).to_numpy()
 
 
@@ -375,7 +380,7 @@ def _references(samples: pd.DataFrame, columns: list[str], keys: list[str], anch
     method was decoded beside it), or, for a draft-free row of another policy than `anchor` (with "policy" among the
     keys), the anchor policy's draft-free decode of the request; a draft-free row is otherwise its own. NaN where
     the reference was not decoded."""
-    request = [k for k in REQUEST if k in samples.columns]
+    request = _request_keys(samples)
     free = samples[samples.label == "draft_free"]
     out = _lookup(samples, free, [*request, *(["part"] if "part" in samples.columns else [])], columns)
     if anchor is not None and "policy" in keys and "policy" in request:
@@ -431,7 +436,8 @@ def ratio_replicates(samples: pd.DataFrame, keys: list[str], anchor: str | None 
 
     Returns {(*key values, label): {"forward": [R], "throughput": [R], "to_eos": [R] (with padding counts)}}."""
     keys = [k for k in keys if k != "seed"]
-    columns = ["forwards", "seconds", *(["after_eos_forwards"] if _has_padding(samples) else [])]
+    padded = _has_padding(samples)
+    columns = ["forwards", "seconds", *(["after_eos_forwards"] if padded else [])]
     references = [f"reference_{c}" for c in columns]
     rows = samples.assign(**_references(samples, columns, keys, anchor))[_shown(samples)]
     out: dict[tuple, dict[str, np.ndarray]] = {}
@@ -448,7 +454,7 @@ def ratio_replicates(samples: pd.DataFrame, keys: list[str], anchor: str | None 
             ref, own = drawn @ _per_item(mine, at, references), drawn @ _per_item(mine, at, columns)  # [R, columns]
             with np.errstate(divide="ignore", invalid="ignore"):
                 ratios = {"forward": ref[:, 0] / own[:, 0], "throughput": ref[:, 1] / own[:, 1]}
-                if len(columns) > 2:
+                if padded:
                     ratios["to_eos"] = (ref[:, 0] - ref[:, 2]) / (own[:, 0] - own[:, 2])
             out[(*key, label)] = ratios
     return out

@@ -45,6 +45,10 @@ def train_refresh_command(trajectories: str | Path, order_model: str | Path, out
     blocks = read_blocks(trajectories, policy="single")
     if not blocks:
         raise ValueError(f"{trajectories} holds no recorded blocks to train on; collect more prompts")
+    if (recorded := blocks[0].topk_ids.shape[-1]) != order.config.topk:  # a node's stale top-k is the order model's
+        raise ValueError(f"{trajectories} records the top {recorded} log-probabilities a position, but the order model "
+                         f"{order_model} reads the top {order.config.topk}, which SPOT-R's head refreshes when it drafts: "
+                         f"collect with --topk {order.config.topk}, or pass an order model trained on a top {recorded}")
     parts = []
     for i, block in enumerate(blocks):
         if (part := block_examples(block, config.head.max_staleness)) is not None:
@@ -54,10 +58,6 @@ def train_refresh_command(trajectories: str | Path, order_model: str | Path, out
     if not parts:
         raise ValueError(f"{trajectories} holds no hidden states: collect with --hidden-dims 64")
     examples = concat(parts)
-    if (recorded := examples.inputs.ids.shape[1]) != order.config.topk:  # a node's stale top-k is the order model's
-        raise ValueError(f"{trajectories} records the top {recorded} log-probabilities a position, but the order model "
-                         f"{order_model} reads the top {order.config.topk}, which SPOT-R's head refreshes when it drafts: "
-                         f"collect with --topk {order.config.topk}, or pass an order model trained on a top {recorded}")
     if not heldout_split(examples.request, config.heldout_fraction, config.seed).any():  # before an hour of training
         raise ValueError(f"--heldout {config.heldout_fraction} holds out none of the {len(examples.request.unique())} "
                          f"requests of {trajectories}: raise it, or collect more prompts (SPOT-RC's order temperature and "
