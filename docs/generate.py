@@ -414,7 +414,11 @@ def headline(rows: list[dict]) -> str:
             for t in temps:
                 at = [float(r[column]) for r in mine if r["temperature"] == t and r.get(column) not in (None, "", "nan")]
                 m = averaged.get((policy, t, label), {})
-                ratios.append(with_interval(mean(at), m.get(f"{name}_low"), m.get(f"{name}_high")) if at else "—")
+                cell = with_interval(mean(at), m.get(f"{name}_low"), m.get(f"{name}_high")) if at else "—"
+                # A mean over fewer tasks than the others' is not comparable with theirs: the cell says so.
+                section = {r["task"] for r in rows if r["policy"] == policy and r["temperature"] == t}
+                few = {r["task"] for r in mine if r["temperature"] == t}
+                ratios.append(cell + (f" ({len(few)} of {len(section)} tasks)" if at and len(few) < len(section) else ""))
         out.append([shown_method(policy, label), *ratios, verdict(mine)])
     return table(columns, out)
 

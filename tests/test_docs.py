@@ -279,3 +279,14 @@ def test_every_page_renders_in_chromium_with_nothing_missing(site):
     browser_check = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(browser_check)
     assert browser_check.check(site, executable, None) == []
+
+
+def test_the_headline_marks_a_mean_over_fewer_tasks_than_the_others(monkeypatch):
+    monkeypatch.setattr(GENERATE, "comparison_means", dict)
+    row = {"policy": "single", "temperature": "0.0", "lossless": "1.0", "lossy": "False", "accepted_mean": "2.0",
+           "throughput_mean": "1.0", "forward_mean": "2.0"}
+    rows = [{**row, "task": task, "label": label} for task in ("a", "b", "c") for label in ("draft_free", "spot@8")]
+    rows += [{**row, "task": task, "label": "new@8", "forward_mean": "3.0"} for task in ("a", "b")]
+    lines = {line.split(" | ")[0]: line for line in GENERATE.headline(rows).splitlines()}
+    assert "3.00x (2 of 3 tasks)" in lines["| `new@8`"]
+    assert "of 3 tasks" not in lines["| `spot@8`"]

@@ -208,3 +208,18 @@ def test_results_written_before_intervals_and_padding_still_load_and_report(tmp_
     assert list(shown.columns.get_level_values(1).unique()) == list(table2.COLUMNS)
     assert "[" in shown.loc["SPOT @8", ("gsm8k", "fwd ×")]
     assert ratio_replicates(read_bundle(path).samples, ["task"])[("spot_gsm8k", "spot@8")].keys() == {"forward", "throughput"}
+
+
+def test_the_verdict_leaves_a_method_decoded_on_fewer_tasks_out_of_the_means():
+    """A mean over two tasks is not a mean over three: the method is named with its count, not crowned."""
+    rows = []
+    for task in ("spot_a", "spot_b", "spot_c"):
+        for d in range(10):
+            rows += [sample(task, d, "draft_free", 100, 1.0), sample(task, d, "spot@8", 50, 1.0)]
+            if task != "spot_c":
+                rows.append(sample(task, d, "r@8", 25, 1.0))
+    bundle = Bundle(dict(SETTINGS), [{"temperature": 0.0, "seed": 0}], pd.DataFrame(rows), pd.DataFrame(), pd.DataFrame())
+    numbers = table2.numbers(bundle)
+    said = " ".join(compare.findings(numbers, "cpu", compare.rivals(numbers)))
+    assert "the most forwards saved: SPOT @8, 2.00×" in said
+    assert "left out of these means: r @8 (2 of 3)" in said
