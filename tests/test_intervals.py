@@ -223,3 +223,21 @@ def test_the_verdict_leaves_a_method_decoded_on_fewer_tasks_out_of_the_means():
     said = " ".join(compare.findings(numbers, "cpu", compare.rivals(numbers)))
     assert "the most forwards saved: SPOT @8, 2.00×" in said
     assert "left out of these means: r @8 (2 of 3)" in said
+
+
+def test_a_request_keeps_its_first_written_draft_free_decode_whatever_order_the_results_are_named_in():
+    """A later part that adds a method decodes draft-free again, in another run: another policy's draft-free row stays
+    measured against the request's first decode (and draft-free's own row shows that one), in any file order."""
+    def part(label, seconds, created, policy="single"):
+        rows = [{**sample("t", d, label, 50, seconds), "policy": policy} for d in range(3)]
+        rows += [{**sample("t", d, "draft_free", 100, seconds), "policy": policy} for d in range(3)]
+        return Bundle(dict(SETTINGS), [{"temperature": 0.0, "seed": 0}], pd.DataFrame(rows), pd.DataFrame(), pd.DataFrame(),
+                      created)
+
+    first, threshold = part("m@8", 2.0, "2026-12-06T06:00:00"), part("s@8", 1.0, "2026-12-06T06:00:00", "threshold")
+    added = part("r@8", 8.0, "2026-12-07T09:00:00")  # a slower run, its draft-free decodes too
+    for order in ([first, threshold, added], [added, first, threshold], [threshold, added, first]):
+        table = summarize(combine(order).samples, ["policy", "task"], anchor="single").set_index(["policy", "label"])
+        assert table.loc[("threshold", "draft_free"), "throughput_ratio"] == 2.0  # over the first decode's 2 s, not 8 s
+        assert table.loc[("single", "draft_free"), "seconds"] == 6.0
+        assert table.loc[("single", "r@8"), "throughput_ratio"] == 1.0  # against its own run's draft-free

@@ -159,9 +159,15 @@ def combine(bundles: list[Bundle]) -> Bundle:
     extends a suite with later items), and a bundle may add methods to requests that an earlier one decoded (it
     decodes them again with draft-free decoding, its methods' reference, side by side): each sample row then says
     which bundle it came from (`part`), and a method's ratios are taken against the draft-free decode of the same
-    request in the same part (`summarize`)."""
+    request in the same part (`summarize`).
+
+    The parts are numbered in the order their results were written (`created`; the given order among equals): a
+    request's first decode is its draft-free row's (draft-free's own row and another policy's anchor), whatever order
+    the files are named in, so a part that adds methods later never replaces the decode the request's other
+    policies were measured against."""
     if not bundles:
         raise ResultsError("no results to combine")
+    bundles = sorted(bundles, key=lambda b: b.created)  # stable: results without a date ("") first, as the oldest
     check_settings([b.settings for b in bundles], [r.get("dir", "?") for b in bundles for r in b.runs[:1]])
     parts = [b.samples.assign(part=i) if len(bundles) > 1 else b.samples for i, b in enumerate(bundles)]
     samples = pd.concat(parts, ignore_index=True)
