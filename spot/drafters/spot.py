@@ -126,12 +126,25 @@ class SpotDrafter:
 
     def _stale_topk(self, ctx: DraftContext) -> tuple[torch.Tensor, torch.Tensor, Prior | None]:
         """The stale top-k ([K, k] log-probabilities and ids) and the prior's top-1 the tree reads."""
-        lp, ids = topk_logprobs(ctx.stale_logits, self.model.config.topk, ctx.mask_id)
+        if self.tokens is not None and self._mode(ctx) == "stale":
+            lp, ids = self._masked_topk(ctx)
+        else:
+            lp, ids = topk_logprobs(ctx.stale_logits, self.model.config.topk, ctx.mask_id)
         prior = None
         if ctx.prior_logits is not None and self._mode(ctx) != "stale":  # the stale order reads no trend
             prior_lp, prior_ids = topk_logprobs(ctx.prior_logits, 1, ctx.mask_id)
             prior = Prior(prior_lp[:, 0], prior_ids[:, 0], torch.tensor(True))
         return lp, ids, prior
+
+    def _masked_topk(self, ctx: DraftContext) -> tuple[torch.Tensor, torch.Tensor]:
+        """SPOT-RC's stale top-k ([K, k] each): the top-k, the costliest part of its draft, at the root's masked rows
+        only, zeros at the others. Nothing reads those: with no order model, a committed position's order logit
+        is -inf at every node, and each row of the refresh head reads its own inputs only (as each row of top-k)."""
+        masked = (ctx.state == ctx.mask_id).to(ctx.stale_logits.device)  # [K]
+        part_lp, part_ids = topk_logprobs(ctx.stale_logits[masked], self.model.config.topk, ctx.mask_id)  # [M, k] each
+        lp, ids = part_lp.new_zeros(masked.shape[0], part_lp.shape[1]), part_ids.new_zeros(masked.shape[0], part_ids.shape[1])
+        lp[masked.cpu()], ids[masked.cpu()] = part_lp, part_ids
+        return lp, ids
 
     def _root(self, ctx: DraftContext, lp: torch.Tensor, ids: torch.Tensor, prior: Prior | None) -> _Root:
         if ctx.mode not in (None, "model", "stale"):
@@ -146,7 +159,9 @@ class SpotDrafter:
         before = masked if ctx.stale_state is None else (ctx.stale_state == ctx.mask_id).to(device)
         temperature = ctx.config.sampling.temperature
         hidden = None if self.tokens is None else self.tokens.project(ctx)  # once per tree, not per frontier
-        return _Root(ctx, lp, ids, prior, depth_predictions(lp, ids, ctx, temperature), masked, before, hidden)
+        # the stale draws of every depth, unless every node draws from its own refreshed distribution (SPOT-R)
+        predictions = None if self.tokens is not None else depth_predictions(lp, ids, ctx, temperature)
+        return _Root(ctx, lp, ids, prior, predictions, masked, before, hidden)
 
     def _root_logits(self, roots: Sequence[_Root]) -> list[torch.Tensor]:
         """[K] order logits per root: the stale order's, or the order model's, every root in one call."""
@@ -262,7 +277,7 @@ class _Root:
     lp: torch.Tensor
     ids: torch.Tensor
     prior: Prior | None
-    predictions: list[Prediction]
+    predictions: list[Prediction] | None  # None for SPOT-R, whose nodes each read their own refreshed draw
     masked: torch.Tensor
     before: torch.Tensor
     hidden: torch.Tensor | None  # SPOT-R: [K, R] the stale hidden states, projected (RefreshedTokens.project)
