@@ -94,7 +94,7 @@ def measure(target, prompts: list[list[int]], task: str, policy: str, temperatur
 def rows(samples: pd.DataFrame) -> list[dict]:
     """Per (task, T, policy, method): the reports' ratios of sums (spot_eval.reports.results.summarize), each with its
     95% interval over the items (`intervals`), the share of forwards after the answer's first EOS and the forward
-    ratio without them, and the median of each prompt's own forward ratio; with several seeds, the ratios of the sums
+    ratio without them, and the median of each prompt's own forward ratio (its forwards the mean over the seeds); with several seeds, the ratios of the sums
     over every seed, and each seed's throughput and forward ratio with their medians over the seeds."""
     keys = ["task", "temperature", "policy"]
     table = summarize(samples, keys).merge(intervals(samples, keys), on=[*keys, "label"], how="left")
@@ -144,8 +144,8 @@ def verdicts(rows: list[dict], budgets: list[int]) -> list[dict]:
 
 
 def wall_clock(rows: list[dict]) -> list[dict]:
-    """Per (T, policy, method): the tasks where it beat draft-free decoding in wall-clock time, by the median of its
-    seeds' throughput ratios, and those where the interval over the items (every seed pooled) lies above 1 too."""
+    """Per (T, policy, method): the tasks where it beat draft-free decoding in wall-clock time by the median of its
+    seeds' throughput ratios, and, apart, the tasks where the interval over the items (every seed pooled) lies above 1."""
     out = []
     for key in sorted({(r["temperature"], r["policy"], r["method"]) for r in rows if r["method"] != "draft_free"}):
         mine = [r for r in rows if (r["temperature"], r["policy"], r["method"]) == key]

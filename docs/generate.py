@@ -407,6 +407,9 @@ def headline(rows: list[dict]) -> str:
                ("throughput_mean", "throughput", "wall clock")]
     columns = ["method", *(f"{what}, T = {float(t):g}" for _, _, what in metrics for t in temps), "token-identical to draft-free"]
     out = []
+    tasks: dict[tuple[str, str], set[str]] = {}  # per (policy, temperature): the section's tasks
+    for r in rows:
+        tasks.setdefault((r["policy"], r["temperature"]), set()).add(r["task"])
     for policy, label in methods_in(rows):
         mine = [r for r in rows if r["policy"] == policy and r["label"] == label]
         ratios = []
@@ -416,9 +419,8 @@ def headline(rows: list[dict]) -> str:
                 m = averaged.get((policy, t, label), {})
                 cell = with_interval(mean(at), m.get(f"{name}_low"), m.get(f"{name}_high")) if at else "—"
                 # A mean over fewer tasks than the others' is not comparable with theirs: the cell says so.
-                section = {r["task"] for r in rows if r["policy"] == policy and r["temperature"] == t}
-                few = {r["task"] for r in mine if r["temperature"] == t}
-                ratios.append(cell + (f" ({len(few)} of {len(section)} tasks)" if at and len(few) < len(section) else ""))
+                section = tasks.get((policy, t), set())
+                ratios.append(cell + (f" ({len(at)} of {len(section)} tasks)" if at and len(at) < len(section) else ""))
         out.append([shown_method(policy, label), *ratios, verdict(mine)])
     return table(columns, out)
 

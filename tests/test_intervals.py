@@ -222,7 +222,7 @@ def test_the_verdict_leaves_a_method_decoded_on_fewer_tasks_out_of_the_means():
     numbers = table2.numbers(bundle)
     said = " ".join(compare.findings(numbers, "cpu", compare.rivals(numbers)))
     assert "the most forwards saved: SPOT @8, 2.00×" in said
-    assert "left out of these means: r @8 (2 of 3)" in said
+    assert "not averaged with the others: r @8 (2 of 3)" in said
 
 
 def test_a_request_keeps_its_first_written_draft_free_decode_whatever_order_the_results_are_named_in():
@@ -241,3 +241,30 @@ def test_a_request_keeps_its_first_written_draft_free_decode_whatever_order_the_
         assert table.loc[("threshold", "draft_free"), "throughput_ratio"] == 2.0  # over the first decode's 2 s, not 8 s
         assert table.loc[("single", "draft_free"), "seconds"] == 6.0
         assert table.loc[("single", "r@8"), "throughput_ratio"] == 1.0  # against its own run's draft-free
+
+
+def test_a_run_directory_is_dated_by_its_record_and_a_pooled_bundle_by_its_newest_part(tmp_path):
+    """A run directory sorts among results files by when its run.json was written, and pooling keeps the newest
+    part's date, so pooled results pooled again keep their place: the oldest decode stays the reference."""
+    import os
+    import time
+
+    from spot_eval.reports.results import DATE_FORMAT, read_run
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "run.json").write_text(json.dumps({"target_id": "t", "decoder": {"seed": 0, "policy": "single", "block_length": 32,
+                                                                              "gen_length": 128, "sampling": {"temperature": 0.0}}}))
+    rows = [sample("t", d, label, 100 if label == "draft_free" else 50, 2.0) for d in range(3) for label in ("draft_free", "m@8")]
+    (run / "samples.jsonl").write_text("".join(json.dumps({k: v for k, v in r.items() if k not in ("temperature", "seed", "policy")}) + "\n"
+                                               for r in rows))
+    when = time.mktime((2026, 12, 1, 9, 0, 0, 0, 0, -1))
+    os.utime(run / "run.json", (when, when))
+    old = read_run(run)
+    assert old.created == "2026-12-01T09:00:00" == time.strftime(DATE_FORMAT, time.localtime(when))
+    added = [{**sample("t", d, label, 100 if label == "draft_free" else 25, 8.0)} for d in range(3) for label in ("draft_free", "r@8")]
+    newer = Bundle(dict(SETTINGS), [{"temperature": 0.0, "seed": 0}], pd.DataFrame(added), pd.DataFrame(), pd.DataFrame(),
+                   "2026-12-07T09:00:00")
+    for pooled in (combine([newer, old]), combine([newer, combine([old])])):
+        table = summarize(pooled.samples, ["task"]).set_index("label")
+        assert table.loc["draft_free", "seconds"] == 6.0 and pooled.created == "2026-12-07T09:00:00"

@@ -31,6 +31,7 @@ from spot.drafters.refresh_training import (
 from spot.drafters.set_model import Projection
 from spot.drafters.spot import SpotDrafter
 from spot.drafters.stale import StaleOrder
+from spot.policy import topk_logprobs
 from spot_eval.checkpoints.drafter import checkpoint_payload
 from spot_eval.checkpoints.refresh_head import load_refresh, save_orders, save_refresh
 from spot_eval.checkpoints.shipped import shipped_drafter
@@ -143,6 +144,30 @@ def test_refreshed_trees_are_lossless(temperature, dtype):
             got = generate(target, prompt, replace(config, budget=budget, cross_block=cross_block), drafter=drafter)
             assert got.token_ids == reference.token_ids, (drafter.name, budget, cross_block)
             assert got.stats.forwards <= reference.stats.forwards
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_spot_rc_drafts_from_the_masked_rows_the_tree_the_whole_top_k_gives(temperature):
+    """SPOT-RC reads the stale top-k at the root's masked rows only (spot.drafters.spot.SpotDrafter._masked_topk): its
+    tree is the one grown from the whole top-k, node for node."""
+    target = tiny_target(16)
+    k, g = target.block_length, torch.Generator().manual_seed(1)
+    rc = refreshed(target, 3, wild=True, mode="stale")
+    hidden = torch.randn(k, target.embeddings().shape[1], generator=g)
+    for committed in (0, 5, 11):
+        state = torch.full((k,), target.mask_id)
+        where = torch.randperm(k, generator=g)[:committed]
+        state[where] = torch.randint(4, target.vocab_size, (committed,), generator=g)
+        stale_state = state.clone()
+        if committed:
+            stale_state[where[0]] = target.mask_id  # the last step committed one of them
+        config = DecodeConfig(block_length=k, budget=6, sampling=Sampling(temperature), seed=3)
+        ctx = DraftContext(state, torch.randn(k, target.vocab_size, generator=g), stale_state, None, config, target.mask_id,
+                           0, 0, 2, 6, lambda _: None, stale_hidden=hidden)
+        whole = rc.grow(ctx, *topk_logprobs(ctx.stale_logits, rc.model.config.topk, target.mask_id), None)
+        drafted = rc.draft(ctx)
+        assert torch.equal(drafted.states, whole.states) and drafted.parents == whole.parents and drafted.size == 6
+        assert drafted.scores == whole.scores, committed
 
 
 def test_a_context_without_hidden_states_is_refused_before_the_tree_grows():

@@ -140,10 +140,11 @@ class SpotDrafter:
         """SPOT-RC's stale top-k ([K, k] each): the top-k, the costliest part of its draft, at the root's masked rows
         only, zeros at the others. Nothing reads those: with no order model, a committed position's order logit
         is -inf at every node, and each row of the refresh head reads its own inputs only (as each row of top-k)."""
-        masked = (ctx.state == ctx.mask_id).to(ctx.stale_logits.device)  # [K]
-        part_lp, part_ids = topk_logprobs(ctx.stale_logits[masked], self.model.config.topk, ctx.mask_id)  # [M, k] each
+        masked = (ctx.state == ctx.mask_id).cpu()  # [K]
+        part_lp, part_ids = topk_logprobs(ctx.stale_logits[masked.to(ctx.stale_logits.device)], self.model.config.topk,
+                                          ctx.mask_id)  # [M, k] each, on the CPU
         lp, ids = part_lp.new_zeros(masked.shape[0], part_lp.shape[1]), part_ids.new_zeros(masked.shape[0], part_ids.shape[1])
-        lp[masked.cpu()], ids[masked.cpu()] = part_lp, part_ids
+        lp[masked], ids[masked] = part_lp, part_ids
         return lp, ids
 
     def _root(self, ctx: DraftContext, lp: torch.Tensor, ids: torch.Tensor, prior: Prior | None) -> _Root:
@@ -270,8 +271,9 @@ class SpotDrafter:
 @dataclass(frozen=True)
 class _Root:
     """What a tree grown from one context reads, on the order model's device: the stale top-k (lp, ids:
-    [K, k]), the prior's top-1, the stale draw of every depth the tree can reach, the root's masked
-    positions [K] and the stale state's (`before`, [K])."""
+    [K, k]; SPOT-RC's: zeros at the root's committed rows, which it never reads), the prior's top-1, the stale draw
+    of every depth the tree can reach (None for SPOT-R), the root's masked positions [K] and the stale state's
+    (`before`, [K])."""
 
     ctx: DraftContext
     lp: torch.Tensor

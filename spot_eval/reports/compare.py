@@ -174,7 +174,7 @@ def findings(numbers: pd.DataFrame, device: str, against: pd.DataFrame, averaged
     for (t, policy), rows in methods.groupby(["temperature", "policy"], sort=True):
         per = rows.groupby("label", sort=False).agg(forward=("forward_mean", "mean"), throughput=("throughput_mean", "mean"),
                                                     lossless=("lossless", "min"), lossy=("lossy", "max"),
-                                                    tau=("accepted_mean", "mean"), tasks=("task", "nunique"))
+                                                    tau=("accepted_mean", "mean"), tasks=("forward_mean", "count"))
         exact = per[~per.lossy.astype(bool)]
         broken = exact[exact.lossless < 1]
         said = [f"**T = {t:g}, {policy} decoding.** "]
@@ -182,7 +182,7 @@ def findings(numbers: pd.DataFrame, device: str, against: pd.DataFrame, averaged
                     if broken.empty else f"Diverged from draft-free: {', '.join(display_name(x) for x in broken.index)}")
         # A mean over fewer tasks is not comparable with the others' (the tasks differ in how much can be saved):
         # such a method is named, and left out of the leaders by mean.
-        everywhere = rows.task.nunique()
+        everywhere = rows[rows.forward_mean.notna()].task.nunique()
         partial = per[per.tasks < everywhere]
         per = per[per.tasks == everywhere]
         if not per.forward.isna().all():
@@ -194,7 +194,7 @@ def findings(numbers: pd.DataFrame, device: str, against: pd.DataFrame, averaged
             said.append(f"; in wall-clock time on {device} the fastest was {display_name(fast)} at {per.throughput[fast]:.2f}×"
                         + idle + _against_draft_free(per.throughput[fast], _interval(averaged, policy, t, fast)))
         if not partial.empty:
-            said.append("; decoded on fewer of the tasks, so left out of these means: " + ", ".join(
+            said.append("; decoded on fewer of the tasks, so not averaged with the others: " + ", ".join(
                 f"{display_name(x)} ({n} of {everywhere})" for x, n in partial.tasks.items()))
         lines.append("".join(said) + ".")
     return [*lines, *rival_verdicts(against), *leaders_at(against, LEADER_BUDGET), WHY_WALL_CLOCK]

@@ -27,6 +27,7 @@ import pandas as pd
 from spot_eval import registry
 
 FORMAT = "spot-eval-results/1"
+DATE_FORMAT = "%Y-%m-%dT%H:%M:%S"  # `created`: local time, as every results file has written it
 SAMPLE_FIELDS = (
     "task", "doc_id", "repeat", "request", "label", "method", "budget", "tokens", "forwards", "steps",
     "seconds", "target_seconds", "drafter_seconds", "accepted_lengths", "lossless", "divergence", "draft_nodes",
@@ -137,7 +138,9 @@ def read_run(run_dir: str | Path) -> Bundle:
     }
     info = {"temperature": temperature, "seed": seed, "mlflow_run_id": run.get("mlflow_run_id"), "dir": str(run_dir),
             "identity": run.get("identity") or {}, "peak_memory_mb": run.get("peak_memory_mb")}
-    return Bundle(settings, [info], samples, outcomes, accuracy)
+    # when the run last wrote its record: what orders it among pooled results (`combine`)
+    written = time.strftime(DATE_FORMAT, time.localtime(run_file.stat().st_mtime))
+    return Bundle(settings, [info], samples, outcomes, accuracy, written)
 
 
 def _accuracy(run_dir: Path, temperature: float, seed: int) -> pd.DataFrame:
@@ -167,7 +170,7 @@ def combine(bundles: list[Bundle]) -> Bundle:
     policies were measured against."""
     if not bundles:
         raise ResultsError("no results to combine")
-    bundles = sorted(bundles, key=lambda b: b.created)  # stable: results without a date ("") first, as the oldest
+    bundles = sorted(bundles, key=lambda b: b.created)  # stable: results without a date ("": written before it was kept) first
     check_settings([b.settings for b in bundles], [r.get("dir", "?") for b in bundles for r in b.runs[:1]])
     parts = [b.samples.assign(part=i) if len(bundles) > 1 else b.samples for i, b in enumerate(bundles)]
     samples = pd.concat(parts, ignore_index=True)
@@ -179,7 +182,8 @@ def combine(bundles: list[Bundle]) -> Bundle:
         samples=samples,
         outcomes=pd.concat([b.outcomes for b in bundles], ignore_index=True),
         accuracy=pd.concat([b.accuracy for b in bundles], ignore_index=True),
-        created=time.strftime("%Y-%m-%dT%H:%M:%S"),
+        # the newest part's date, so that a pooled bundle pooled again keeps its place in the order
+        created=max(b.created for b in bundles) or time.strftime(DATE_FORMAT),
     )
 
 
