@@ -94,13 +94,13 @@ def measure(target, prompts: list[list[int]], task: str, policy: str, temperatur
 def rows(samples: pd.DataFrame) -> list[dict]:
     """Per (task, T, policy, method): the reports' ratios of sums (spot_eval.reports.results.summarize), each with its
     95% interval over the items (`intervals`), the share of forwards after the answer's first EOS and the forward
-    ratio without them, and the median of each prompt's own forward ratio (its forwards the mean over the seeds); with several seeds, the ratios of the sums
-    over every seed, and each seed's throughput and forward ratio with their medians over the seeds."""
+    ratio without them, the median of each prompt's own forward ratio (its forwards the mean over the seeds), and
+    the drafter's share of the wall time; with several seeds, the ratios of the sums over every seed, and each seed's
+    throughput and forward ratio with their medians over the seeds."""
     keys = ["task", "temperature", "policy"]
     table = summarize(samples, keys).merge(intervals(samples, keys), on=[*keys, "label"], how="left")
     by_seed = summarize(samples, [*keys, "seed"]).set_index([*keys, "label"]).sort_values("seed")
     per = samples.pivot_table(index=[*keys, "doc_id"], columns="label", values="forwards")
-    seconds = samples.groupby([*keys, "label"])[["drafter_seconds", "seconds"]].sum()
     out = []
     for r in table.itertuples():
         mine = per[r.label].groupby(level=[0, 1, 2]).get_group((r.task, r.temperature, r.policy))
@@ -111,8 +111,7 @@ def rows(samples: pd.DataFrame) -> list[dict]:
                     "forward_ratio_to_eos": r.forward_ratio_to_eos, "after_eos_share": r.after_eos_share,
                     "throughput_ratio": r.throughput_ratio, "throughput_low": r.throughput_low,
                     "throughput_high": r.throughput_high, "lossless": r.lossless,
-                    "drafter_share": float(seconds.loc[(r.task, r.temperature, r.policy, r.label)].pipe(
-                        lambda t: t.drafter_seconds / t.seconds)),
+                    "drafter_share": float(r.drafter_share),
                     **_over_seeds(by_seed.loc[[(r.task, r.temperature, r.policy, r.label)]])})
     return out
 
