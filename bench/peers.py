@@ -1,6 +1,6 @@
 """The lossless rivals side by side: forwards saved at equal pieces per verify, and wall clock, on every task.
 
-SPOT (and SPOT-R, its refreshed-token tree, and SPOT-RC, SPOT-R ordered by its refreshed confidences) against the FreeDave chain under single-commit decoding, and SPOT-Sets against FreeDave++ (the chain on
+SPOT (and SPOT-R, its refreshed-token tree, and SPOT-RC, SPOT-R ordered by its refreshed confidences) against the FreeDave chain under single-commit decoding, and SPOT-Sets (and SPOT-RS, its tree read from refreshed distributions) against FreeDave++ (the chain on
 threshold decoding, tau 0.9), each at the same budgets (N drafted states beside the root: N + 1 pieces a verify),
 with the oracle drafter (the true future: N + 1 steps a verify) as the ceiling, on the embedded target at T = 0
 and T = 1; and Spiffy v4 and v1 at D* = 3 on the same graph. At T = 1 FreeDave's own sampling rule runs too (`freedave_reused`: the last forward's sample reused at
@@ -17,7 +17,7 @@ task (by default past the ones the committed comparison decodes). Prints one JSO
 per (T, policy, method): the tasks where it was faster than draft-free decoding (the median of its seeds).
 
 Usage: python bench/peers.py [--prompts 40] [--first 40] [--gen 128] [--budgets 4+8] [--tasks gsm8k+mbpp] [--temperatures 0+1]
-           [--policies single+threshold] [--methods spot+spot_r+spot_rc+freedave+oracle] [--threads 1] [--seeds 1+2+3]
+           [--policies single+threshold] [--methods spot+spot_r+spot_rc+sets+sets_r+freedave+oracle] [--threads 1] [--seeds 1+2+3]
 """
 
 from __future__ import annotations
@@ -55,6 +55,8 @@ def methods(target, policy: str, budgets: list[int], temperature: float, only: s
             out[f"hybrid@{n}"] = n, build_drafter(MethodSpec("hybrid", n), target, policy)
             for name in ("spot_r", "spot_rc"):
                 out[f"{name}@{n}"] = n, build_drafter(MethodSpec(name, n), target, policy)
+        else:  # SPOT-Sets' tree with refreshed distributions (spot.drafters.refreshed_sets)
+            out[f"sets_r@{n}"] = n, build_drafter(MethodSpec("sets_r", n), target, policy, threshold=0.9)
         if temperature > 0:
             out[f"freedave_reused@{n}"] = n, build_drafter(MethodSpec("freedave_reused", n), target, policy)
         out[f"oracle@{n}"] = n, None

@@ -269,16 +269,25 @@ def _calibrate_reach(args: argparse.Namespace) -> None:
 
 def _fit_sets_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trajectories", nargs="+", required=True, help="directories from spot-eval collect --policy threshold")
-    p.add_argument("--out", required=True, help="the set predictor JSON to write")
+    p.add_argument("--out", default=None, help="the set predictor JSON to write (with --refresh: the SPOT-R file to write; "
+                                               "default: update it in place)")
     p.add_argument("--depths", type=int, default=4, help="tree depths with coefficients of their own (deeper ones share the last)")
+    p.add_argument("--refresh", default=None, metavar="SPOT_R.pt",
+                   help="fit SPOT-RS's rule (the method sets_r) on this SPOT-R drafter's refreshed confidences instead, on "
+                        "trajectories recorded in its projections (collect --projections-from), and store it in the file")
 
 
 def _fit_sets(args: argparse.Namespace) -> None:
-    from spot_eval.training.fit_sets import fit_sets_command
+    from spot_eval.training.fit_sets import fit_refreshed_sets_command, fit_sets_command
 
     if args.depths < 1:
         raise ValueError(f"--depths must be >= 1, got {args.depths}")
-    print(json.dumps(fit_sets_command(args.trajectories, args.out, args.depths)))
+    if args.refresh is not None:
+        print(json.dumps(fit_refreshed_sets_command(args.refresh, args.trajectories, args.out or args.refresh, args.depths)))
+    elif args.out is None:
+        raise ValueError("fit-sets needs --out, the set predictor JSON to write (or --refresh SPOT_R.pt for SPOT-RS's rule)")
+    else:
+        print(json.dumps(fit_sets_command(args.trajectories, args.out, args.depths)))
 
 
 def _train_sets_flags(p: argparse.ArgumentParser) -> None:
@@ -425,6 +434,8 @@ def _collect_flags(p: argparse.ArgumentParser) -> None:
                    help="also record the hidden states, projected on this many principal components (SPOT-Sets' set model "
                         "reads 64; 0: none)")
     p.add_argument("--embedding-dims", type=int, default=32, help="token-embedding components saved with --hidden-dims")
+    p.add_argument("--projections-from", default=None, metavar="SPOT_R.pt",
+                   help="record the hidden states in this SPOT-R drafter's projections (to fit SPOT-RS on: fit-sets --refresh)")
     p.add_argument("--sources", nargs="+", default=["gsm8k", "math", "mbpp"], help="training pair sources")
     p.add_argument("--chat", action=argparse.BooleanOptionalAction, default=True, help="wrap prompts in the chat template")
     p.add_argument("--workers", type=int, default=1, help="decoding processes (each loads the target)")
@@ -465,6 +476,7 @@ def _collect(args: argparse.Namespace) -> None:
         threads=args.threads,
         hidden_dims=args.hidden_dims,
         embedding_dims=args.embedding_dims,
+        projections_from=args.projections_from,
     )
     print(json.dumps(dataclasses.asdict(result)))
 
@@ -689,7 +701,8 @@ COMMANDS = (
     Command("sync", "replay the runs spooled during an MLflow outage into the tracking store", _sync_flags, _sync),
     Command("fit-gamma", "fit SPOT-gamma's per-depth exponents on held-out trajectories", _fit_gamma_flags, _fit_gamma),
     Command("calibrate-reach", "fit the reach calibration budget=auto sizes SPOT's trees by", _calibrate_reach_flags, _calibrate_reach),
-    Command("fit-sets", "fit SPOT-Sets' stale set predictor on threshold trajectories", _fit_sets_flags, _fit_sets),
+    Command("fit-sets", "fit SPOT-Sets' stale set predictor (or SPOT-RS's rule) on threshold trajectories", _fit_sets_flags,
+            _fit_sets),
     Command("train-refresh", "train SPOT-R's refresh head on trajectories with hidden states, beside a SPOT drafter",
             _train_refresh_flags, _train_refresh),
     Command("train-sets", "train (or --init-from: calibrate) SPOT-Sets' set model on threshold trajectories", _train_sets_flags,

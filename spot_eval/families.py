@@ -118,6 +118,14 @@ def _sets(b: Build) -> Drafter:
     return SetsDrafter((set_model_for_target if learned else set_predictor_for_target)(b.target, b.policy, b.threshold, b.path))
 
 
+def _sets_r(b: Build) -> Drafter:
+    """SPOT-RS: SPOT-Sets' tree, each node read from SPOT-R's refreshed distribution by the rule fitted beside it."""
+    from spot.drafters.sets import SetsDrafter
+    from spot_eval.checkpoints.refresh_head import refreshed_sets_for_target
+
+    return SetsDrafter(refreshed_sets_for_target(b.target, b.policy, b.threshold, b.path), name="sets_r")
+
+
 # In row order: draft-free first, then the training-free rivals, Spiffy, SPOT's family, the reference drafters.
 FAMILIES = (
     Method("draft_free", None, "draft-free", "#999999"),
@@ -144,6 +152,9 @@ FAMILIES = (
            cost="threshold trajectories with hidden states and a trained set model (spot-eval collect, train-sets)"),
     Method("sets_max", _sets, "SPOT-Sets (max-commit)", "#D55E00", (SET_MODEL, SET_PREDICTOR), acceptance="max_commit",
            cost="SPOT-Sets'"),
+    Method("sets_r", _sets_r, "SPOT-RS", "#882255", (REFRESH_HEAD,), hatch="++",
+           cost="SPOT-R's head, and a rule fitted on threshold trajectories recorded in its projections (spot-eval collect "
+                "--projections-from, fit-sets --refresh)"),
     Method("random", lambda b: RandomDrafter(b.target.vocab_size), "random", "#666666",
            reads="the target's last logits (random well-formed trees: a test drafter)"),
     Method("adversarial", lambda b: AdversarialDrafter(b.reference.trajectory, b.target.vocab_size), "adversarial", "#F0E442",

@@ -19,6 +19,7 @@ from test_dual_cache import tiny_dream, tiny_llada
 from test_llada2 import tiny_llada2
 from test_lm import REPO, run_lm_eval
 from test_refresh import refreshed
+from test_refreshed_sets import wild
 from test_set_model import learned
 from test_spiffy import calibrated
 
@@ -29,6 +30,7 @@ from spot.drafters.freedave import FreeDaveDrafter
 from spot.drafters.hybrid import HybridDrafter
 from spot.drafters.order_model import OrderModel
 from spot.drafters.reach import ReachCalibration, ReachMap
+from spot.drafters.refreshed_sets import RefreshedSets
 from spot.drafters.sets import SetsDrafter, StaleSets
 from spot.drafters.spiffy import SpiffyDrafter
 from spot.drafters.spot import SpotDrafter
@@ -128,14 +130,16 @@ def test_every_drafter_is_lossless_and_batch_invariant(name, temperature):
 
 @pytest.mark.parametrize("name", ["sdar", "llada_dual"])
 def test_spot_sets_is_lossless_and_batch_invariant_under_threshold_decoding(name):
-    """SPOT-Sets' trees under threshold decoding at T = 1, from the stale-confidence set predictor and from a
-    learned set model (random weights, its token corrections large enough to overturn the stale ranking), whose
-    one call per round scores every request's root."""
+    """SPOT-Sets' trees under threshold decoding at T = 1, from the stale-confidence set predictor, from a learned
+    set model (random weights, its token corrections large enough to overturn the stale ranking), whose one call per
+    round scores every request's root, and SPOT-RS's (a wild refresh head: each request's nodes read its own
+    hidden states and commits)."""
     target = family(name)
     config = DecodeConfig(policy="threshold", threshold=0.5, block_length=16, gen_length=32, sampling=Sampling(1.0), seed=6)
     requests = mixed(config, n=4, seed=2)
     references = [generate(target, r.prompt_ids, r.config, request=r.number, decode=words).token_ids for r in requests]
-    for sets in (SetsDrafter(StaleSets(((1.0, 0.0, 0.0), (0.8, 0.1, -0.5)))), learned(target, 1, wild=True)):
+    rule = StaleSets(((1.0, 0.0, 0.0), (0.8, 0.1, -0.5)))
+    for sets in (SetsDrafter(rule), learned(target, 1, wild=True), SetsDrafter(RefreshedSets(wild(target, 2), rule), name="sets_r")):
         alone = same_at_every_batch_size(target, [replace(r, config=replace(r.config, budget=6), drafter=sets) for r in requests])
         assert [a[0] for a in alone] == references, sets.name
 

@@ -29,11 +29,18 @@ from spot.drafters.refresh_training import (
     train_refresh,
 )
 from spot.drafters.set_model import Projection
+from spot.drafters.sets import StaleSets
 from spot.drafters.spot import SpotDrafter
 from spot.drafters.stale import StaleOrder
 from spot.policy import topk_logprobs
 from spot_eval.checkpoints.drafter import checkpoint_payload
-from spot_eval.checkpoints.refresh_head import load_refresh, save_orders, save_refresh
+from spot_eval.checkpoints.refresh_head import (
+    RefreshedRule,
+    load_refresh,
+    save_orders,
+    save_refresh,
+    save_sets,
+)
 from spot_eval.checkpoints.shipped import shipped_drafter
 from spot_eval.cli import main
 from spot_eval.training.calibrate_reach import calibrate_reach_command
@@ -208,12 +215,26 @@ def test_a_spot_r_file_round_trips_and_refuses_damage(tmp_path):
     raw = torch.load(path, weights_only=True)
     raw["stale"]["temperature"] = -1.0
     torch.save(raw, tmp_path / "edited.pt")
-    with pytest.raises(ValueError, match="corrupt .*the refreshed order or the reach calibration: ValueError"):
+    with pytest.raises(ValueError, match="corrupt .*the refreshed order, the reach calibration or SPOT-RS's rule: ValueError"):
         load_refresh(tmp_path / "edited.pt")
+    # SPOT-RS's rule is written beside the rest, which stays as it was; a damaged one is refused as the orders are
+    rule = RefreshedRule(0.9, StaleSets(((1.0, 0.0, 0.5), (0.5, -1.0, 0.0))), {**fingerprint, "policy": "threshold"}, {"blocks": 3})
+    save_sets(path, tmp_path / "sets.pt", rule, loaded.sha256)
+    with_sets = load_refresh(tmp_path / "sets.pt")
+    assert with_sets.sets == rule and with_sets.sha256 == loaded.sha256 and with_sets.stale == loaded.stale
+    raw = torch.load(tmp_path / "sets.pt", weights_only=True)
+    raw["sets"]["coefficients"] = [[1.0, 0.0]]
+    torch.save(raw, tmp_path / "edited.pt")
+    with pytest.raises(ValueError, match="corrupt .*SPOT-RS's rule: ValueError: StaleSets needs one"):
+        load_refresh(tmp_path / "edited.pt")
+    raw = torch.load(path, weights_only=True)
+    raw["stale"]["temperature"] = -1.0
     other = refreshed(target, 3).tokens
     save_refresh(tmp_path / "other.pt", other.head, other.hidden, other.hidden, fingerprint, {}, order, StaleOrder(0.04))
     with pytest.raises(ValueError, match="changed while it was calibrated"):  # another head's file is not given these
         save_orders(tmp_path / "other.pt", tmp_path / "again.pt", StaleOrder(0.03, REACH), REACH, {}, loaded.sha256)
+    with pytest.raises(ValueError, match="changed while SPOT-RS's rule was fitted"):
+        save_sets(tmp_path / "other.pt", tmp_path / "again.pt", rule, loaded.sha256)
     raw["format"] = "spot-refresh-head/1"
     torch.save(raw, tmp_path / "edited.pt")
     with pytest.raises(ValueError, match="predates the refreshed order's temperature.*spot-eval train-refresh"):

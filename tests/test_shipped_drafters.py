@@ -43,13 +43,14 @@ def test_each_policy_gets_the_drafter_shipped_for_it(target):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("suffix", ["pt", "json"], ids=["set-model", "stale-sets"])
+@pytest.mark.parametrize(("method", "file"), [("sets", "sets_b32.pt"), ("sets", "sets_b32.json"), ("sets_r", "spot_r_b32.pt")],
+                         ids=["set-model", "stale-sets", "refreshed"])
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_the_shipped_set_predictors_are_lossless_under_threshold_decoding(target, temperature, suffix):
+def test_the_shipped_set_predictors_are_lossless_under_threshold_decoding(target, temperature, method, file):
     ids = encode_prompt(target, load("gsm8k_test")[5]["question"], chat=True)
     config = DecodeConfig(policy="threshold", threshold=0.9, block_length=32, gen_length=64, sampling=Sampling(temperature), seed=3)
     reference = generate(target, ids, config, request=1)
-    spec = MethodSpec("sets", 8, str(DRAFTERS / f"sets_b32.{suffix}"))
+    spec = MethodSpec(method, 8, str(DRAFTERS / file))
     drafter = build_drafter(spec, target, config.policy, threshold=config.threshold)
     got = generate(target, ids, replace(config, budget=8, cross_block=temperature > 0), drafter=drafter, request=1)
     assert got.token_ids == reference.token_ids and got.stats.forwards < reference.stats.forwards

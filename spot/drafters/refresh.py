@@ -139,19 +139,25 @@ class RefreshedTokens:
     def refresh(self, root, states: torch.Tensor, depths: Sequence[int]) -> Refreshed:
         """The refreshed distributions of a SpotDrafter root's nodes (its ctx, stale top-k lp and ids [K, k], its
         projected hidden states [K, R]) with states [B, K] at `depths`."""
-        ctx, temperature = root.ctx, root.ctx.config.sampling.temperature
+        ctx = root.ctx
+        noise = None
+        if ctx.config.sampling.temperature > 0:  # the node's step's coupled noise at the candidates
+            noise = step_noise_at_topk(ctx.config.seed, ctx.request, ctx.block, [ctx.step + d for d in depths], root.ids)
+        return self.refreshed(root.lp, root.ids, root.hidden, ctx.stale_state.to(states.device), states, depths,
+                              ctx.config.sampling.temperature, noise)
+
+    @torch.inference_mode()
+    def refreshed(self, lp: torch.Tensor, ids: torch.Tensor, hidden: torch.Tensor, stale_state: torch.Tensor,
+                  states: torch.Tensor, depths: Sequence[int], temperature: float, noise: torch.Tensor | None) -> Refreshed:
+        """The refreshed distributions of B nodes with states [B, K] at `depths`, drafted from the stale forward on
+        stale_state [K] (its top-k lp, ids [K, k] and projected hidden states [K, R]); noise [B, K, k]: each node
+        step's noise at `ids` (None at T = 0)."""
         b, k = states.shape
-        near_tokens, near_new = neighbours(states, ctx.stale_state.to(states.device))  # [B, K, 6] each
-        hidden = root.hidden  # [K, R]
+        near_tokens, near_new = neighbours(states, stale_state)  # [B, K, 6] each
         staleness = torch.tensor([d + 1 for d in depths], device=states.device).repeat_interleave(k)  # [B * K]
         every = lambda x: x.expand(b, -1, -1).flatten(0, 1)  # noqa: E731  [B * K, ...]: a view for one node, most frontiers
-        rows = RefreshInputs(every(root.lp), every(root.ids), every(hidden), near_tokens.flatten(0, 1), near_new.flatten(0, 1),
-                             staleness)
+        rows = RefreshInputs(every(lp), every(ids), every(hidden), near_tokens.flatten(0, 1), near_new.flatten(0, 1), staleness)
         fresh = self.head(rows).view(b, k, -1)  # [B, K, k]
         lp, order = fresh.sort(dim=-1, descending=True, stable=True)
-        ids = root.ids.expand(b, -1, -1).gather(-1, order)
-        noise = None
-        if temperature > 0:  # the node's step's coupled noise, at the candidates in their new order
-            steps = [ctx.step + d for d in depths]
-            noise = step_noise_at_topk(ctx.config.seed, ctx.request, ctx.block, steps, root.ids).gather(-1, order)
-        return Refreshed(lp, ids, predict(lp, ids, temperature, noise))
+        ids = ids.expand(b, -1, -1).gather(-1, order)
+        return Refreshed(lp, ids, predict(lp, ids, temperature, None if noise is None else noise.gather(-1, order)))

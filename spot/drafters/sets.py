@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -163,12 +163,17 @@ def set_examples(blocks: Sequence[RecordedBlock], depth: int) -> tuple[torch.Ten
     return torch.stack(conf), torch.stack(masked), torch.stack(chosen)
 
 
-def fit_stale_sets(blocks: Sequence[RecordedBlock], threshold: float, depths: int = 4, iterations: int = 100) -> StaleSets:
+Examples = Callable[[Sequence[RecordedBlock], int], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]  # as set_examples
+
+
+def fit_stale_sets(blocks: Sequence[RecordedBlock], threshold: float, depths: int = 4, iterations: int = 100,
+                   examples: Examples = set_examples) -> StaleSets:
     """(a, b, e) per depth by maximum likelihood (L-BFGS on the per-position cross-entropy over every
-    masked position of every example), from (1, 0, 0); a depth without examples takes the previous depth's."""
+    masked position of every example), from (1, 0, 0); a depth without examples takes the previous depth's.
+    `examples`: the confidences the rule reads (set_examples: the stale ones)."""
     coefficients: list[tuple[float, float, float]] = []
     for d in range(depths):
-        conf, masked, chosen = set_examples(blocks, d)
+        conf, masked, chosen = examples(blocks, d)
         if conf.shape[0]:
             coefficients.append(_fit_depth(conf, masked, chosen, threshold, iterations))
         elif coefficients:
@@ -178,12 +183,13 @@ def fit_stale_sets(blocks: Sequence[RecordedBlock], threshold: float, depths: in
     return StaleSets(tuple(coefficients))
 
 
-def evaluate_sets(predictor: StaleSets, blocks: Sequence[RecordedBlock], threshold: float, depths: int = 4) -> SetsReport:
-    """The predictor's SetsReport on the blocks (depths without examples report nan)."""
+def evaluate_sets(predictor: StaleSets, blocks: Sequence[RecordedBlock], threshold: float, depths: int = 4,
+                  examples: Examples = set_examples) -> SetsReport:
+    """The predictor's SetsReport on the blocks (depths without examples report nan), reading `examples`' confidences."""
     metrics: dict[str, list[float]] = {k: [] for k in ("log_likelihood", "exact_set", "f1", "baseline_exact_set", "baseline_f1")}
     counts = []
     for d in range(depths):
-        conf, masked, chosen = set_examples(blocks, d)
+        conf, masked, chosen = examples(blocks, d)
         counts.append(int(conf.shape[0]))
         if not counts[-1]:
             for values in metrics.values():
@@ -225,7 +231,7 @@ class Stale:
     those ids for depths 0..D-1 (None at T = 0); predictions: the stale draw per depth (one at T = 0);
     prior: the top-1 of the forward before the stale one (None at a block's second step); hidden: [K, d]
     the stale hidden states; root_masked: [K]; temperature and threshold: the decoder's; before: [K] the
-    stale state's masked positions (what the root's parent had masked).
+    stale state's masked positions (what the root's parent had masked); ctx: the draft's context.
     """
 
     lp: torch.Tensor
@@ -238,6 +244,7 @@ class Stale:
     temperature: float
     threshold: float
     before: torch.Tensor
+    ctx: DraftContext
 
     def prediction(self, depth: int) -> Prediction:
         return self.predictions[min(depth, len(self.predictions) - 1)]
@@ -245,10 +252,11 @@ class Stale:
 
 @dataclass(frozen=True)
 class Nodes:
-    """F nodes of one draft for a set predictor to score: masked [F, K] their masked positions, their
-    depths, last [F, K] what the step into each committed; stale what the draft reads."""
+    """F nodes of one draft for a set predictor to score: states [F, K], masked [F, K] their masked positions,
+    their depths, last [F, K] what the step into each committed; stale what the draft reads."""
 
     stale: Stale
+    states: torch.Tensor
     masked: torch.Tensor
     depths: Sequence[int]
     last: torch.Tensor
@@ -286,7 +294,8 @@ class SetsDrafter:
         """The trees of several requests' contexts, each the tree `draft` grows for it alone: the predictor
         scores every root in one call (a group per request, spot.drafters.sets.SetPredictor.node_sets)."""
         stales = [None if ctx.stale_logits is None else self._stale(ctx) for ctx in ctxs]
-        roots = [Nodes(s, s.root_masked[None], (0,), (s.before & ~s.root_masked)[None]) for s in stales if s is not None]
+        roots = [Nodes(s, ctx.state[None].to(self.predictor.device), s.root_masked[None], (0,), (s.before & ~s.root_masked)[None])
+                 for ctx, s in zip(ctxs, stales, strict=True) if s is not None]
         scored = iter(self.predictor.node_sets(roots))
         # a block's first step has no distribution of this block yet: the root alone
         return [DraftTree.root_only(ctx.state) if s is None else self._grow(ctx, s, next(scored)) for ctx, s in zip(ctxs, stales, strict=True)]
@@ -303,7 +312,7 @@ class SetsDrafter:
         root_masked = (ctx.state == ctx.mask_id).to(device)
         before = root_masked if ctx.stale_state is None else (ctx.stale_state == ctx.mask_id).to(device)
         return Stale(lp, ids, noise, predictions_under(lp, ids, noise, temperature), prior, hidden, root_masked, temperature,
-                     ctx.config.threshold, before)
+                     ctx.config.threshold, before, ctx)
 
     def _grow(self, ctx: DraftContext, stale: Stale, root: tuple[torch.Tensor, torch.Tensor]) -> DraftTree:
         """Best-first growth of ctx's tree, the root scored by `root` (its pi and tokens, [1, K] each)."""
@@ -324,7 +333,7 @@ class SetsDrafter:
             tokens = torch.empty(masked.shape, dtype=torch.long, device=device)  # [B, K]
             if fresh:
                 last = torch.stack([masked_at[frontier.parents[i]] for i in fresh]) & ~masked[fresh]  # [F, K]
-                nodes = Nodes(stale, masked[fresh], [frontier.depths[i] for i in fresh], last)
+                nodes = Nodes(stale, frontier.states.to(device)[fresh], masked[fresh], [frontier.depths[i] for i in fresh], last)
                 probs[fresh], tokens[fresh] = self.predictor.node_sets([nodes])[0]
             for i, (node, parent, depth) in enumerate(zip(frontier.nodes, frontier.parents, frontier.depths, strict=True)):
                 if node == 0:

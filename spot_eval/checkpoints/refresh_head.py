@@ -6,13 +6,17 @@ One `torch.save`d dict, read back with `torch.load(path, weights_only=True)`:
     {"format": "spot-refresh-head/2", "state_dict": {...}, "projections": {"hidden": {...}, "embedding": {...}},
      "sha256": "...", "config": RefreshConfig.to_dict(), "fingerprint": target_fingerprint(...),
      "metrics": {...held-out top-1 shares...}, "order": {a spot-order-model checkpoint's dict},
-     "stale": StaleOrder.to_dict(), "reach": ReachCalibration.to_dict() or None}
+     "stale": StaleOrder.to_dict(), "reach": ReachCalibration.to_dict() or None,
+     "sets": {"threshold": tau, "coefficients": [[a, b, e], ...], "fingerprint": target_fingerprint(..., threshold
+              policy), "fit": {...held-out report...}} or None}
 
 `stale` is the temperature at which the refreshed confidences order a node in place of the order model
 (SpotDrafter's mode "stale", the method spot_rc), chosen by replaying its trees over the held-out requests (or as
 `train-refresh --order-temperature` set it), with the reach calibration of those trees; `reach` is the calibration
 of SPOT-R's own trees (the order model's). budget=auto sizes trees by them (spot.drafters.reach). `reach` is
-optional: a file written before it decodes at fixed budgets, and `spot-eval calibrate-reach` adds it.
+optional: a file written before it decodes at fixed budgets, and `spot-eval calibrate-reach` adds it. `sets`, also
+optional, is SPOT-RS's rule (spot.drafters.refreshed_sets: the method sets_r, threshold decoding at tau), fitted on
+threshold trajectories recorded in the head's projections by `spot-eval fit-sets --refresh`.
 
 `sha256` covers the head's weights and both projections; the order model carries its own (spot_eval.checkpoints.
 drafter). Both were trained for the target the fingerprint names: another target's file is refused.
@@ -27,7 +31,9 @@ import torch
 
 from spot.drafters.reach import ReachCalibration
 from spot.drafters.refresh import RefreshConfig, RefreshedTokens, RefreshHead
+from spot.drafters.refreshed_sets import RefreshedSets
 from spot.drafters.set_model import Projection
+from spot.drafters.sets import StaleSets
 from spot.drafters.stale import StaleOrder
 from spot_eval.checkpoints.atomic_file import write_atomically
 from spot_eval.checkpoints.drafter import (
@@ -60,6 +66,25 @@ class RefreshFile:
     stale: StaleOrder
     reach: ReachCalibration | None  # SPOT-R's trees' (the stale order's trees carry their own in `stale`)
     sha256: str  # of the head's weights and projections, as recorded and verified
+    sets: RefreshedRule | None = None  # SPOT-RS's, where fitted
+
+
+@dataclass(frozen=True)
+class RefreshedRule:
+    """SPOT-RS's inclusion rule on the head's refreshed confidences, fitted at `threshold` for the target and policy
+    of `fingerprint` (a set policy), with its held-out report."""
+
+    threshold: float
+    rule: StaleSets
+    fingerprint: dict
+    fit: dict
+
+    def to_dict(self) -> dict:
+        return {"threshold": self.threshold, **self.rule.to_dict(), "fingerprint": dict(self.fingerprint), "fit": self.fit}
+
+    @staticmethod
+    def from_dict(raw: dict) -> RefreshedRule:
+        return RefreshedRule(float(raw["threshold"]), StaleSets.from_dict(raw), dict(raw["fingerprint"]), dict(raw["fit"]))
 
 
 def save_refresh(path: str | Path, head: RefreshHead, hidden: Projection, embedding: Projection, fingerprint: dict,
@@ -71,6 +96,16 @@ def save_refresh(path: str | Path, head: RefreshHead, hidden: Projection, embedd
     payload = {"format": FORMAT, "state_dict": state, "projections": projections, "sha256": projected_sha256(state, projections),
                "config": head.config.to_dict(), "fingerprint": dict(fingerprint), "metrics": metrics, "order": order}
     write_atomically(path, lambda tmp: torch.save({**payload, **_orders(stale, reach)}, tmp))
+
+
+def save_sets(path: str | Path, out: str | Path, sets: RefreshedRule, sha256: str) -> None:
+    """Write `path`'s file to `out` (may be the same) with SPOT-RS's rule, the rest as it was; `sha256` the head's that
+    the rule was fitted with (RefreshFile.sha256), so that a file replaced meanwhile is refused."""
+    raw = _read(Path(path))
+    if raw["sha256"] != sha256:
+        raise ValueError(f"{path} changed while SPOT-RS's rule was fitted on its head; fit it again")
+    raw = {**raw, "sets": sets.to_dict()}
+    write_atomically(out, lambda tmp: torch.save(raw, tmp))
 
 
 def save_orders(path: str | Path, out: str | Path, stale: StaleOrder, reach: ReachCalibration | None, metrics: dict,
@@ -105,13 +140,14 @@ def load_refresh(path: str | Path) -> RefreshFile:
     try:
         stale = StaleOrder.from_dict(raw["stale"])
         reach = None if raw.get("reach") is None else ReachCalibration.from_dict(raw["reach"])
+        sets = None if raw.get("sets") is None else RefreshedRule.from_dict(raw["sets"])
     except (TypeError, KeyError, ValueError) as err:
-        raise corrupt(f"the refreshed order or the reach calibration: {type(err).__name__}: {str(err)[:200]}") from None
+        raise corrupt(f"the refreshed order, the reach calibration or SPOT-RS's rule: {type(err).__name__}: {str(err)[:200]}") from None
     if [k for k in IDENTITY if k not in raw["fingerprint"]]:
         raise corrupt("the target fingerprint is incomplete")
     order = checkpoint_from_payload(raw["order"], str(path), corrupt)
     return RefreshFile(str(path), config, raw["state_dict"], hidden, embedding, raw["fingerprint"], raw["metrics"], order, stale,
-                       reach, raw["sha256"])
+                       reach, raw["sha256"], sets)
 
 
 def _corrupt(path: Path):
@@ -148,6 +184,30 @@ def refresh_for_target(target, policy: str, path: str | Path) -> tuple[RefreshFi
     what = f"SPOT-R drafter {path} was trained"
     check_fingerprint(loaded.fingerprint, target_fingerprint(target, policy), what=what, fix=FIX)
     check_fingerprint(loaded.order.fingerprint, target_fingerprint(target, policy), what=f"{what} (its order model)", fix=FIX)
+    return loaded, _tokens(loaded, target)
+
+
+def refreshed_sets_for_target(target, policy: str, threshold: float, path: str | Path) -> RefreshedSets:
+    """SPOT-RS's predictor from a SPOT-R file with a fitted rule, checked to belong to this target and block length
+    (the head: whichever policy it was trained under; the rule: this policy and threshold)."""
+    loaded = load_refresh(path)
+    fix = (f"fit one: spot-eval collect --policy {policy} --threshold {threshold} --hidden-dims {loaded.config.hidden_dims} "
+           f"--embedding-dims {loaded.config.embedding_dims} --projections-from {path}, then spot-eval fit-sets --refresh {path} "
+           "--trajectories DIR (docs/methods/spot-sets.md)")
+    check_fingerprint(loaded.fingerprint, target_fingerprint(target, loaded.fingerprint.get("policy", policy)),
+                      what=f"SPOT-R drafter {path} was trained", fix=FIX)
+    if loaded.sets is None:
+        raise ValueError(f"SPOT-R drafter {path} holds no SPOT-RS rule, which sets_r reads; {fix}")
+    check_fingerprint(loaded.sets.fingerprint, target_fingerprint(target, policy), what=f"SPOT-RS's rule in {path} was fitted",
+                      fix=fix)
+    if loaded.sets.threshold != threshold:
+        raise ValueError(f"SPOT-RS's rule in {path} was fitted at threshold {loaded.sets.threshold}, but decoding uses "
+                         f"{threshold}; {fix}")
+    return RefreshedSets(_tokens(loaded, target), loaded.sets.rule)
+
+
+def _tokens(loaded: RefreshFile, target) -> RefreshedTokens:
+    """The head on the target's device, its token embeddings the target's own, projected."""
     head = RefreshHead(loaded.config, loaded.embedding(target.embeddings().detach()))
     head.load_state_dict(loaded.state_dict, strict=True)
-    return loaded, RefreshedTokens(head.to(target.device).eval(), loaded.hidden)
+    return RefreshedTokens(head.to(target.device).eval(), loaded.hidden)

@@ -22,8 +22,9 @@ _SPOT = {"single": "spot_b{k}.pt", "threshold": "spot_threshold_b{k}.pt"}
 _SETS = {"threshold": "sets_b{k}.pt"}
 _SPIFFY = {"single": "spiffy_b{k}.json", "threshold": "spiffy_threshold_b{k}.json"}  # Spiffy v1 and v4 verify one graph
 _SPOT_R = {"single": "spot_r_b{k}.pt"}  # the refresh head with SPOT's order model inside
+_SETS_R = {"threshold": "spot_r_b{k}.pt"}  # the same file: SPOT-RS reads its head and the rule fitted into it
 _DRAFTER_FILES = {"spot": _SPOT, "spot_gamma": _SPOT, "hybrid": _SPOT, "spot_r": _SPOT_R, "spot_rc": _SPOT_R, "spiffy": _SPIFFY, "spiffy_v1": _SPIFFY,
-                  "sets": _SETS, "sets_max": _SETS}
+                  "sets": _SETS, "sets_max": _SETS, "sets_r": _SETS_R}
 
 
 def shipped_drafter(method: str, block_length: int, policy: str = "single") -> Path | None:

@@ -30,7 +30,8 @@ import torch
 from spot import DecodeConfig, Sampling, generate
 from spot.drafters.set_model import Projection
 from spot.targets.base import LoadedTarget
-from spot_eval.checkpoints.fingerprint import target_fingerprint
+from spot_eval.checkpoints.fingerprint import check_fingerprint, target_fingerprint
+from spot_eval.checkpoints.refresh_head import FIX, load_refresh
 from spot_eval.checkpoints.target import encode_prompt, load_target
 from spot_eval.training.corpus import SOURCES, Pair, training_pairs
 from spot_eval.training.trajectories import (
@@ -88,9 +89,12 @@ def collect(
     cache: str | None = None,
     hidden_dims: int = 0,
     embedding_dims: int = 32,
+    projections_from: str | Path | None = None,
 ) -> CollectResult:
     """hidden_dims > 0 also records the hidden states behind every step, projected on a basis fitted on the
-    first shard's (what SPOT-Sets' set model reads; spot_eval.training.trajectories)."""
+    first shard's (what SPOT-Sets' set model reads; spot_eval.training.trajectories); or, with projections_from (a
+    SPOT-R drafter file), on that drafter's own projections, so that what it reads can be fitted on these
+    trajectories (SPOT-RS's rule: spot-eval fit-sets --refresh)."""
     t0 = time.perf_counter()
     if min(prompts, shard_size, topk, workers) < 1:
         raise ValueError(
@@ -106,6 +110,7 @@ def collect(
     if prompts > len(pairs):
         raise ValueError(f"--prompts {prompts} exceeds the {len(pairs)} training prompts of {', '.join(sources)}")
     model = load_target(target, block_length, device, dtype=dtype, cache=cache)
+    given = None if projections_from is None else _drafter_projections(projections_from, model, hidden_dims, embedding_dims)
     if chat and not getattr(model.tokenizer, "chat_template", None):
         raise ValueError(f"the tokenizer of {target} has no chat template; pass --no-chat to decode the raw prompts")
     settings = CollectSettings(gen_length, topk, seed, tuple(temperatures), chat, shard_size, threshold, tuple(sources),
@@ -140,7 +145,7 @@ def collect(
     decoded = written = skipped_prompts = 0
     here: list = []
     if hidden_dims:
-        decoder, here, todo = _with_projections(out, model, decoder, todo)
+        decoder, here, todo = _with_projections(out, model, decoder, todo, given)
     decoded_shards = _decode_shards(todo, decoder, model, target, block_length, device, dtype, cache, workers, threads)
     for index, first, count, shard, seconds in itertools.chain(here, decoded_shards):
         decoded += shard.requests
@@ -208,16 +213,40 @@ class ShardDecoder:
         return DecodedShard(records, requests, skipped)
 
 
+def _drafter_projections(path: str | Path, model, hidden_dims: int, embedding_dims: int) -> tuple[Projection, Projection]:
+    """The (hidden, embedding) projections of a SPOT-R file, checked to belong to this target and to the dims asked."""
+    loaded = load_refresh(path)
+    # the projections are the target's, whichever policy the drafter decodes
+    check_fingerprint(loaded.fingerprint, target_fingerprint(model, loaded.fingerprint.get("policy", "single")),
+                      what=f"SPOT-R drafter {path} was trained", fix=FIX)
+    dims = (loaded.hidden.dims, loaded.embedding.dims)
+    if (hidden_dims, embedding_dims) != dims:
+        raise ValueError(f"--projections-from {path} projects on {dims[0]} hidden and {dims[1]} embedding components; pass "
+                         f"--hidden-dims {dims[0]} --embedding-dims {dims[1]}")
+    return loaded.hidden, loaded.embedding
+
+
 FIT_ROWS = 50_000  # hidden-state rows the projection is fitted on at most (a seeded sample; 50 MB at d = 256)
 
 
-def _with_projections(out: Path, model, decoder: ShardDecoder, todo: list) -> tuple[ShardDecoder, list, list]:
+def _with_projections(out: Path, model, decoder: ShardDecoder, todo: list,
+                      given: tuple[Projection, Projection] | None = None) -> tuple[ShardDecoder, list, list]:
     """(the decoder that records projected hidden states, shards decoded here, shards left to decode).
     Without projections.pt yet, shard 0 is decoded first, unprojected; the projections are fitted on its
-    hidden states and on the target's embeddings and written, and shard 0 is then projected like the rest."""
+    hidden states and on the target's embeddings and written, and shard 0 is then projected like the rest.
+    `given` (hidden, embedding) projections are written instead of fitted."""
     s = decoder.settings
     if (out / PROJECTIONS).is_file():
-        return replace(decoder, hidden=Projection.from_dict(read_projections(out)["hidden"])), [], todo
+        recorded = read_projections(out)
+        if given is not None and not torch.equal(recorded["hidden"]["basis"].float(), given[0].basis):
+            raise ValueError(f"{out} holds trajectories recorded in other projections than the drafter's of --projections-from; "
+                             "use another --out")
+        return replace(decoder, hidden=Projection.from_dict(recorded["hidden"])), [], todo
+    if given is not None:
+        embeddings = model.embeddings().detach().float().cpu()  # [V, d]
+        hidden, embedding = given
+        write_projections(out, {"hidden": hidden.to_dict(), "embedding": embedding.to_dict(), "token_coords": embedding(embeddings)})
+        return replace(decoder, hidden=hidden), [], todo
     if not todo or todo[0][0] != 0:
         raise ValueError(f"{out} has shards but no {PROJECTIONS}: delete the directory and collect again")
     index, first, count = todo[0]
