@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from dataclasses import replace
 
 import pytest
@@ -15,6 +16,7 @@ from test_token_drift import block
 
 from spot import DecodeConfig, Sampling, generate
 from spot.drafters.base import DraftContext
+from spot.drafters.order_model import step_noise_at_topk
 from spot.drafters.refresh import RefreshConfig, RefreshedTokens, RefreshHead
 from spot.drafters.refreshed_sets import RefreshedSets, refreshed_set_examples
 from spot.drafters.set_model import Projection
@@ -43,6 +45,27 @@ def test_an_example_reads_the_heads_confidence_at_the_node_and_the_set_the_step_
         assert torch.allclose(conf, torch.full_like(conf, (0.6 / 0.9) / 2), atol=1e-6)  # the share, half the mass
     # Depth 0 from root steps 1, 2 and 3: the positions steps 1, 2 and 3 committed.
     assert refreshed_set_examples([b], neutral(2, 3, 10), 0)[2].int().tolist() == [[0, 1, 0, 0], [0, 0, 0, 1], [0, 0, 1, 0]]
+
+
+def test_an_example_reads_the_stale_forward_behind_the_root_and_the_noise_of_the_node_step():
+    """At T = 1 with a head that reads the neighbours, the hidden state and the staleness: example (root step s, depth
+    d) is the head's draw for the node states[s + d] from the forward behind step s - 1 (its top-k, hidden state and
+    state), Δ = d + 1, under step s + d's noise."""
+    b = with_hidden(block(1.0))
+    torch.manual_seed(0)
+    head = RefreshHead(RefreshConfig(topk=2, hidden_dims=3, embedding_dims=2), torch.randn(10, 2))
+    for parameter in (head.neighbour, head.query.weight, head.mass.weight):
+        torch.nn.init.normal_(parameter, std=2.0)
+    tokens = RefreshedTokens(head.eval(), Projection.identity(3))
+    conf = refreshed_set_examples([b], tokens, 1)[0]
+    by_hand = []
+    for s in (1, 2):  # root steps with a node one step deeper and a step after it
+        ids = b.topk_ids[s - 1]
+        noise = step_noise_at_topk(b.seed, b.request, b.block, [s + 1], ids)
+        fresh = tokens.refreshed(b.topk_logprobs[s - 1], ids, b.hidden[s - 1], b.states[s - 1], b.states[s + 1][None], [1], 1.0, noise)
+        by_hand.append(fresh.prediction.probs[0, :, 0].double())
+    assert torch.equal(conf, torch.stack(by_hand))
+    assert not torch.allclose(conf, refreshed_set_examples([b], tokens, 0)[0][:2])  # another node, staleness and step
 
 
 def test_the_rule_is_fitted_on_the_refreshed_confidences():
@@ -115,9 +138,21 @@ def test_cli_records_in_the_heads_projections_fits_the_rule_into_the_file_and_se
               "--policy", "threshold", "--projections-from", str(refresh)])
     assert "pass --hidden-dims 8 --embedding-dims 8" in capsys.readouterr().err
     main(["collect", "--out", str(threshold), *common, "--policy", "threshold", "--threshold", "0.5", "--projections-from", str(refresh)])
-    with pytest.raises(SystemExit):  # the single-policy collect's projections were fitted on its own hidden states
+    with pytest.raises(SystemExit):  # single-policy trajectories hold no sets to fit on
         main(["fit-sets", "--refresh", str(refresh), "--trajectories", str(single)])
     assert "commit one position" in capsys.readouterr().err
+    other = tmp_path / "other"  # threshold trajectories recorded on other components than the head's
+    shutil.copytree(threshold, other)
+    projections = torch.load(other / "projections.pt", weights_only=True)
+    projections["embedding"]["mean"] = projections["embedding"]["mean"] + 1
+    torch.save(projections, other / "projections.pt")
+    with pytest.raises(SystemExit):
+        main(["fit-sets", "--refresh", str(refresh), "--trajectories", str(other)])
+    assert f"collect them with --projections-from {refresh}" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # nor does collect add to them
+        main(["collect", "--out", str(other), *common, "--prompts", "6", "--policy", "threshold", "--threshold", "0.5",
+              "--projections-from", str(refresh)])
+    assert "recorded in other projections than the drafter's" in capsys.readouterr().err
     capsys.readouterr()
     main(["fit-sets", "--refresh", str(refresh), "--trajectories", str(threshold), "--out", str(fitted), "--depths", "2"])
     report = json.loads(capsys.readouterr().out)
@@ -139,3 +174,7 @@ def test_cli_records_in_the_heads_projections_fits_the_rule_into_the_file_and_se
                   "--threshold", threshold_given, "--method", "sets_r", "--budget", "4", "--drafter", str(drafter)])
         err = capsys.readouterr().err
         assert message in err and "--projections-from" in err, err
+    with pytest.raises(SystemExit):  # single-commit decoding has no sets to draft
+        main(["decode", "--pretrained", str(checkpoint), "--prompt", "one", "--gen-length", "32", "--method", "sets_r",
+              "--budget", "4", "--drafter", str(fitted)])
+    assert "decode with --unmasking threshold" in capsys.readouterr().err

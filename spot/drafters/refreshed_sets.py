@@ -49,7 +49,7 @@ class RefreshedSets:
             noise = None
             if stale.noise is not None:  # [F, K, k] each node step's noise at the stale top-k
                 noise = stale.noise[torch.tensor([min(d, stale.noise.shape[0] - 1) for d in g.depths], device=self.device)]
-            fresh = self.tokens.refreshed(stale.lp, stale.ids, self.tokens.hidden(stale.hidden), stale.ctx.stale_state.to(self.device),
+            fresh = self.tokens.refreshed(stale.lp, stale.ids, self.tokens.hidden(stale.hidden), stale.stale_state,
                                           g.states, g.depths, stale.temperature, noise).prediction
             probs = [self.rule.probs(c, m, d, stale.threshold) for c, m, d in zip(fresh.probs[..., 0], g.masked, g.depths, strict=True)]
             out.append((torch.stack(probs), fresh.tokens[..., 0]))
@@ -68,7 +68,7 @@ def refreshed_set_examples(blocks: Sequence[RecordedBlock], tokens: RefreshedTok
     for block in blocks:
         if block.hidden is None or block.topk_ids.shape[-1] < k:
             raise ValueError(f"fitting SPOT-RS needs threshold trajectories with hidden states and a top-{k} (collect "
-                             f"--hidden-dims with the head's projections), got top-{block.topk_ids.shape[-1]}"
+                             f"--projections-from SPOT_R.pt --topk {k} or more), got top-{block.topk_ids.shape[-1]}"
                              f"{'' if block.hidden is not None else ' without hidden states'}")
         n_steps = block.states.shape[0] - 1
         for s in range(1, n_steps - depth):

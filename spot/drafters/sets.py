@@ -231,7 +231,7 @@ class Stale:
     those ids for depths 0..D-1 (None at T = 0); predictions: the stale draw per depth (one at T = 0);
     prior: the top-1 of the forward before the stale one (None at a block's second step); hidden: [K, d]
     the stale hidden states; root_masked: [K]; temperature and threshold: the decoder's; before: [K] the
-    stale state's masked positions (what the root's parent had masked); ctx: the draft's context.
+    stale state's masked positions (what the root's parent had masked); stale_state: [K] that state itself.
     """
 
     lp: torch.Tensor
@@ -244,7 +244,7 @@ class Stale:
     temperature: float
     threshold: float
     before: torch.Tensor
-    ctx: DraftContext
+    stale_state: torch.Tensor
 
     def prediction(self, depth: int) -> Prediction:
         return self.predictions[min(depth, len(self.predictions) - 1)]
@@ -264,7 +264,8 @@ class Nodes:
 
 @runtime_checkable
 class SetPredictor(Protocol):
-    """Scores tree nodes for SetsDrafter: StaleSets, or the learned spot.drafters.set_model.LearnedSets."""
+    """Scores tree nodes for SetsDrafter: StaleSets, the learned spot.drafters.set_model.LearnedSets, or SPOT-RS's
+    spot.drafters.refreshed_sets.RefreshedSets."""
 
     topk: int  # the stale top-k width it reads
     device: torch.device
@@ -310,9 +311,10 @@ class SetsDrafter:
             prior = Prior(prior_lp[:, 0].to(device), prior_ids[:, 0].to(device), torch.tensor(True, device=device))
         hidden = None if ctx.stale_hidden is None else ctx.stale_hidden.to(device)
         root_masked = (ctx.state == ctx.mask_id).to(device)
-        before = root_masked if ctx.stale_state is None else (ctx.stale_state == ctx.mask_id).to(device)
+        stale_state = (ctx.state if ctx.stale_state is None else ctx.stale_state).to(device)
+        before = stale_state == ctx.mask_id
         return Stale(lp, ids, noise, predictions_under(lp, ids, noise, temperature), prior, hidden, root_masked, temperature,
-                     ctx.config.threshold, before, ctx)
+                     ctx.config.threshold, before, stale_state)
 
     def _grow(self, ctx: DraftContext, stale: Stale, root: tuple[torch.Tensor, torch.Tensor]) -> DraftTree:
         """Best-first growth of ctx's tree, the root scored by `root` (its pi and tokens, [1, K] each)."""

@@ -45,6 +45,7 @@ from spot_eval.checkpoints.drafter import (
 from spot_eval.checkpoints.fingerprint import IDENTITY, check_fingerprint, target_fingerprint
 
 FORMAT = "spot-refresh-head/2"
+SET_POLICIES = ("threshold", "dynamic")  # the policies whose steps commit sets (SPOT-RS's)
 KEYS = ("format", "state_dict", "projections", "sha256", "config", "fingerprint", "metrics", "order", "stale")  # and "reach"
 FIX = ("train one for this target (spot-eval collect --hidden-dims 64, then spot-eval train-refresh --order-model "
        "SPOT_DRAFTER.pt)")
@@ -190,11 +191,14 @@ def refresh_for_target(target, policy: str, path: str | Path) -> tuple[RefreshFi
 def refreshed_sets_for_target(target, policy: str, threshold: float, path: str | Path) -> RefreshedSets:
     """SPOT-RS's predictor from a SPOT-R file with a fitted rule, checked to belong to this target and block length
     (the head: whichever policy it was trained under; the rule: this policy and threshold)."""
+    if policy not in SET_POLICIES:
+        raise ValueError(f"sets_r drafts the sets a threshold step commits, and policy {policy!r} commits one position a "
+                         "step: decode with --unmasking threshold (unmasking=threshold), or use spot_r")
     loaded = load_refresh(path)
     fix = (f"fit one: spot-eval collect --policy {policy} --threshold {threshold} --hidden-dims {loaded.config.hidden_dims} "
            f"--embedding-dims {loaded.config.embedding_dims} --projections-from {path}, then spot-eval fit-sets --refresh {path} "
            "--trajectories DIR (docs/methods/spot-sets.md)")
-    check_fingerprint(loaded.fingerprint, target_fingerprint(target, loaded.fingerprint.get("policy", policy)),
+    check_fingerprint(loaded.fingerprint, target_fingerprint(target, loaded.fingerprint["policy"]),
                       what=f"SPOT-R drafter {path} was trained", fix=FIX)
     if loaded.sets is None:
         raise ValueError(f"SPOT-R drafter {path} holds no SPOT-RS rule, which sets_r reads; {fix}")
@@ -204,6 +208,13 @@ def refreshed_sets_for_target(target, policy: str, threshold: float, path: str |
         raise ValueError(f"SPOT-RS's rule in {path} was fitted at threshold {loaded.sets.threshold}, but decoding uses "
                          f"{threshold}; {fix}")
     return RefreshedSets(_tokens(loaded, target), loaded.sets.rule)
+
+
+def same_projections(loaded: RefreshFile, projections: dict) -> bool:
+    """Whether recorded trajectories' projections (their projections.pt) are the file's own, hidden and embedding."""
+    return all(torch.equal(Projection.from_dict(projections[name]).mean, mine.mean)
+               and torch.equal(Projection.from_dict(projections[name]).basis, mine.basis)
+               for name, mine in (("hidden", loaded.hidden), ("embedding", loaded.embedding)))
 
 
 def _tokens(loaded: RefreshFile, target) -> RefreshedTokens:

@@ -217,7 +217,7 @@ def _drafter_projections(path: str | Path, model, hidden_dims: int, embedding_di
     """The (hidden, embedding) projections of a SPOT-R file, checked to belong to this target and to the dims asked."""
     loaded = load_refresh(path)
     # the projections are the target's, whichever policy the drafter decodes
-    check_fingerprint(loaded.fingerprint, target_fingerprint(model, loaded.fingerprint.get("policy", "single")),
+    check_fingerprint(loaded.fingerprint, target_fingerprint(model, loaded.fingerprint["policy"]),
                       what=f"SPOT-R drafter {path} was trained", fix=FIX)
     dims = (loaded.hidden.dims, loaded.embedding.dims)
     if (hidden_dims, embedding_dims) != dims:
@@ -238,7 +238,9 @@ def _with_projections(out: Path, model, decoder: ShardDecoder, todo: list,
     s = decoder.settings
     if (out / PROJECTIONS).is_file():
         recorded = read_projections(out)
-        if given is not None and not torch.equal(recorded["hidden"]["basis"].float(), given[0].basis):
+        if given is not None and not all(torch.equal(Projection.from_dict(recorded[name]).basis, mine.basis)
+                                         and torch.equal(Projection.from_dict(recorded[name]).mean, mine.mean)
+                                         for name, mine in zip(("hidden", "embedding"), given, strict=True)):
             raise ValueError(f"{out} holds trajectories recorded in other projections than the drafter's of --projections-from; "
                              "use another --out")
         return replace(decoder, hidden=Projection.from_dict(recorded["hidden"])), [], todo

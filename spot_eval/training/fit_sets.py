@@ -11,17 +11,20 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import torch
-
 from spot.drafters.order_examples import RecordedBlock
 from spot.drafters.refreshed_sets import refreshed_set_examples
 from spot.drafters.sets import evaluate_sets, fit_stale_sets
 from spot_eval.checkpoints.fingerprint import check_fingerprint
-from spot_eval.checkpoints.refresh_head import RefreshedRule, load_refresh, recorded_tokens, save_sets
+from spot_eval.checkpoints.refresh_head import (
+    SET_POLICIES,
+    RefreshedRule,
+    load_refresh,
+    recorded_tokens,
+    same_projections,
+    save_sets,
+)
 from spot_eval.checkpoints.set_predictor import write_set_predictor
-from spot_eval.training.trajectories import read_blocks, read_manifest, read_projections
-
-POLICIES = ("threshold", "dynamic")  # the policies that commit sets
+from spot_eval.training.trajectories import PROJECTIONS, read_blocks, read_manifest, read_projections
 
 
 @dataclass(frozen=True)
@@ -38,7 +41,7 @@ def threshold_data(trajectories: Sequence[str | Path]) -> ThresholdData:
     manifests = [read_manifest(d) for d in trajectories]
     fingerprint, threshold = manifests[0].fingerprint, manifests[0].settings.threshold
     policy = fingerprint.get("policy")
-    if policy not in POLICIES:
+    if policy not in SET_POLICIES:
         raise ValueError(f"{trajectories[0]} was recorded with policy {policy!r}, whose steps commit one position: "
                          "collect with --policy threshold --threshold TAU for a set predictor")
     for directory, manifest in zip(trajectories[1:], manifests[1:], strict=True):
@@ -71,12 +74,12 @@ def fit_refreshed_sets_command(refresh: str | Path, trajectories: Sequence[str |
     be the same); the trajectories must be recorded in the head's projections (collect --projections-from)."""
     data = threshold_data(trajectories)
     loaded = load_refresh(refresh)
-    check_fingerprint(loaded.fingerprint, {**data.fingerprint, "policy": loaded.fingerprint.get("policy")},
+    check_fingerprint(loaded.fingerprint, {**data.fingerprint, "policy": loaded.fingerprint["policy"]},
                       what=f"SPOT-R drafter {refresh} was trained", fix="pass trajectories of the target it was trained for")
     for directory in trajectories:
-        basis = read_projections(directory)["hidden"]["basis"].float()
-        if not torch.equal(basis, loaded.hidden.basis):
-            raise ValueError(f"{directory} records the target's hidden states in other projections than {refresh}'s head "
+        recorded = Path(directory) / PROJECTIONS
+        if not recorded.is_file() or not same_projections(loaded, read_projections(directory)):
+            raise ValueError(f"{directory} does not record the target's hidden states in the projections {refresh}'s head "
                              f"reads: collect them with --projections-from {refresh}")
     tokens = recorded_tokens(loaded, read_projections(trajectories[0]), str(trajectories[0]))
 
