@@ -12,13 +12,15 @@ import pytest
 import torch
 from conftest import VOCAB, existing_store, run_lm_eval_here, tiny_qwen3, tiny_target, write_checkpoint
 from test_lm import REPO
+from test_refreshed_sets import wild
 
 from spot import DecodeConfig, Sampling, generate
 from spot.drafters.order_examples import RecordedBlock
 from spot.drafters.order_model import parameter_count
+from spot.drafters.refreshed_sets import RefreshedSets
 from spot.drafters.set_model import LearnedSets, Projection, SetModel, SetModelConfig
 from spot.drafters.set_training import SetTrainConfig, losses, make_set_examples, train_set_model
-from spot.drafters.sets import SetsDrafter
+from spot.drafters.sets import SetsDrafter, StaleSets
 from spot_eval.cli import main
 
 MASK = 9
@@ -111,14 +113,18 @@ def learned(target, seed: int, wild: bool = False) -> SetsDrafter:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_learned_set_trees_are_lossless_under_the_threshold_policy(temperature, dtype):
+    """The learned set model's trees, and SPOT-RS's (a refresh head whose reading of the neighbours overturns the
+    stale ranking, and a rule), whatever their weights."""
     target = tiny_target(16, dtype=dtype)
     prompt = list(range(1, 12))
     config = DecodeConfig(policy="threshold", threshold=0.5, block_length=16, gen_length=48, sampling=Sampling(temperature), seed=2)
     reference = generate(target, prompt, config)
-    for drafter in (learned(target, 0), learned(target, 1, wild=True)):
+    refreshed = SetsDrafter(RefreshedSets(wild(target, 2), StaleSets(((2.0, 0.5, 1.0), (1.0, -0.5, 0.5)))), name="sets_r")
+    for drafter in (learned(target, 0), learned(target, 1, wild=True), refreshed):
         for budget, cross_block in ((1, False), (8, True), (20, False), (20, True)):
             got = generate(target, prompt, replace(config, budget=budget, cross_block=cross_block), drafter=drafter)
             assert got.token_ids == reference.token_ids, (drafter.name, budget, cross_block)
+            assert got.stats.forwards <= reference.stats.forwards, (drafter.name, budget, cross_block)
 
 
 def test_training_lowers_the_loss_and_reports_both_guessers():

@@ -70,6 +70,10 @@ class Projection:
         """x -> x on `dims` components: what reads rows already projected (recorded trajectories' hidden states)."""
         return Projection(torch.zeros(dims), torch.eye(dims))
 
+    def same(self, other: Projection) -> bool:
+        """Whether both project alike: the same mean and basis, bit for bit."""
+        return torch.equal(self.mean, other.mean) and torch.equal(self.basis, other.basis)
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """[..., d] -> [..., R] float32."""
         return (x.float() - self.mean.to(x.device)) @ self.basis.to(x.device)

@@ -168,8 +168,7 @@ def recorded_tokens(loaded: RefreshFile, projections: dict, where: str) -> Refre
     trajectories.read_projections): its token embeddings the recorded ones, its hidden states read as recorded
     (already projected: spot.drafters.reach.replay). The trajectories must be projected as the head was trained:
     from the same collect."""
-    recorded = Projection.from_dict(projections["hidden"])
-    if not (torch.equal(recorded.mean, loaded.hidden.mean) and torch.equal(recorded.basis, loaded.hidden.basis)):
+    if not Projection.from_dict(projections["hidden"]).same(loaded.hidden):
         raise ValueError(f"{where} projects the target's hidden states on other components than {loaded.path} was trained "
                          "on: pass the trajectories it was trained on (spot-eval train-refresh --trajectories)")
     head = RefreshHead(loaded.config, projections["token_coords"])
@@ -210,11 +209,9 @@ def refreshed_sets_for_target(target, policy: str, threshold: float, path: str |
     return RefreshedSets(_tokens(loaded, target), loaded.sets.rule)
 
 
-def same_projections(loaded: RefreshFile, projections: dict) -> bool:
-    """Whether recorded trajectories' projections (their projections.pt) are the file's own, hidden and embedding."""
-    return all(torch.equal(Projection.from_dict(projections[name]).mean, mine.mean)
-               and torch.equal(Projection.from_dict(projections[name]).basis, mine.basis)
-               for name, mine in (("hidden", loaded.hidden), ("embedding", loaded.embedding)))
+def same_projections(projections: dict, hidden: Projection, embedding: Projection) -> bool:
+    """Whether recorded trajectories' projections (their projections.pt) are these, hidden and embedding."""
+    return Projection.from_dict(projections["hidden"]).same(hidden) and Projection.from_dict(projections["embedding"]).same(embedding)
 
 
 def _tokens(loaded: RefreshFile, target) -> RefreshedTokens:

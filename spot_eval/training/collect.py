@@ -31,7 +31,7 @@ from spot import DecodeConfig, Sampling, generate
 from spot.drafters.set_model import Projection
 from spot.targets.base import LoadedTarget
 from spot_eval.checkpoints.fingerprint import check_fingerprint, target_fingerprint
-from spot_eval.checkpoints.refresh_head import FIX, load_refresh
+from spot_eval.checkpoints.refresh_head import FIX, load_refresh, same_projections
 from spot_eval.checkpoints.target import encode_prompt, load_target
 from spot_eval.training.corpus import SOURCES, Pair, training_pairs
 from spot_eval.training.trajectories import (
@@ -238,9 +238,7 @@ def _with_projections(out: Path, model, decoder: ShardDecoder, todo: list,
     s = decoder.settings
     if (out / PROJECTIONS).is_file():
         recorded = read_projections(out)
-        if given is not None and not all(torch.equal(Projection.from_dict(recorded[name]).basis, mine.basis)
-                                         and torch.equal(Projection.from_dict(recorded[name]).mean, mine.mean)
-                                         for name, mine in zip(("hidden", "embedding"), given, strict=True)):
+        if given is not None and not same_projections(recorded, *given):
             raise ValueError(f"{out} holds trajectories recorded in other projections than the drafter's of --projections-from; "
                              "use another --out")
         return replace(decoder, hidden=Projection.from_dict(recorded["hidden"])), [], todo

@@ -76,12 +76,12 @@ def fit_refreshed_sets_command(refresh: str | Path, trajectories: Sequence[str |
     loaded = load_refresh(refresh)
     check_fingerprint(loaded.fingerprint, {**data.fingerprint, "policy": loaded.fingerprint["policy"]},
                       what=f"SPOT-R drafter {refresh} was trained", fix="pass trajectories of the target it was trained for")
-    for directory in trajectories:
-        recorded = Path(directory) / PROJECTIONS
-        if not recorded.is_file() or not same_projections(loaded, read_projections(directory)):
+    projections = [read_projections(d) if (Path(d) / PROJECTIONS).is_file() else None for d in trajectories]
+    for directory, recorded in zip(trajectories, projections, strict=True):
+        if recorded is None or not same_projections(recorded, loaded.hidden, loaded.embedding):
             raise ValueError(f"{directory} does not record the target's hidden states in the projections {refresh}'s head "
                              f"reads: collect them with --projections-from {refresh}")
-    tokens = recorded_tokens(loaded, read_projections(trajectories[0]), str(trajectories[0]))
+    tokens = recorded_tokens(loaded, projections[0], str(trajectories[0]))
 
     def examples(blocks, depth):
         return refreshed_set_examples(blocks, tokens, depth)
