@@ -23,6 +23,7 @@ from spot.drafters.set_model import Projection
 from spot.drafters.sets import SetsDrafter, StaleSets, fit_stale_sets, set_examples
 from spot_eval.checkpoints.refresh_head import load_refresh
 from spot_eval.cli import main
+from spot_eval.training import collect as collect_module
 
 
 def neutral(topk: int, hidden_dims: int, vocab: int) -> RefreshedTokens:
@@ -118,7 +119,8 @@ def test_cli_records_in_the_heads_projections_fits_the_rule_into_the_file_and_se
     main(["train-drafter", "--trajectories", str(single), "--out", str(order), "--steps", "3", "--batch-size", "32", "--heldout", "0.5"])
     main(["train-refresh", "--trajectories", str(single), "--order-model", str(order), "--out", str(refresh), "--steps", "5",
           "--batch-size", "32", "--heldout", "0.5", "--reach-budget", "2"])
-    with pytest.raises(SystemExit):  # the head projects on 8 and 8 components
+    with monkeypatch.context() as patch, pytest.raises(SystemExit):  # the head projects on 8 and 8: refused before the target loads
+        patch.setattr(collect_module, "load_target", lambda *a, **k: pytest.fail("the target loaded before the refusal"))
         main(["collect", "--out", str(tmp_path / "x"), *common[:-4], "--hidden-dims", "4", "--embedding-dims", "8",
               "--policy", "threshold", "--projections-from", str(refresh)])
     assert "pass --hidden-dims 8 --embedding-dims 8" in capsys.readouterr().err

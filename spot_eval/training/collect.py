@@ -31,7 +31,7 @@ from spot import DecodeConfig, Sampling, generate
 from spot.drafters.set_model import Projection
 from spot.targets.base import LoadedTarget
 from spot_eval.checkpoints.fingerprint import check_fingerprint, target_fingerprint
-from spot_eval.checkpoints.refresh_head import FIX, load_refresh, same_projections
+from spot_eval.checkpoints.refresh_head import FIX, RefreshFile, load_refresh, same_projections
 from spot_eval.checkpoints.target import encode_prompt, load_target
 from spot_eval.training.corpus import SOURCES, Pair, training_pairs
 from spot_eval.training.trajectories import (
@@ -109,8 +109,13 @@ def collect(
     pairs = training_pairs(sources)
     if prompts > len(pairs):
         raise ValueError(f"--prompts {prompts} exceeds the {len(pairs)} training prompts of {', '.join(sources)}")
+    drafter = None if projections_from is None else _drafter_projections(projections_from, hidden_dims, embedding_dims)
     model = load_target(target, block_length, device, dtype=dtype, cache=cache)
-    given = None if projections_from is None else _drafter_projections(projections_from, model, hidden_dims, embedding_dims)
+    given = None
+    if drafter is not None:  # the projections are the target's, whichever policy the drafter decodes
+        check_fingerprint(drafter.fingerprint, target_fingerprint(model, drafter.fingerprint["policy"]),
+                          what=f"SPOT-R drafter {projections_from} was trained", fix=FIX)
+        given = drafter.hidden, drafter.embedding
     if chat and not getattr(model.tokenizer, "chat_template", None):
         raise ValueError(f"the tokenizer of {target} has no chat template; pass --no-chat to decode the raw prompts")
     settings = CollectSettings(gen_length, topk, seed, tuple(temperatures), chat, shard_size, threshold, tuple(sources),
@@ -213,17 +218,15 @@ class ShardDecoder:
         return DecodedShard(records, requests, skipped)
 
 
-def _drafter_projections(path: str | Path, model, hidden_dims: int, embedding_dims: int) -> tuple[Projection, Projection]:
-    """The (hidden, embedding) projections of a SPOT-R file, checked to belong to this target and to the dims asked."""
+def _drafter_projections(path: str | Path, hidden_dims: int, embedding_dims: int) -> RefreshFile:
+    """The SPOT-R file whose projections a collect records on, checked to project on the dims asked (before the target
+    loads; its fingerprint is checked against the target once loaded)."""
     loaded = load_refresh(path)
-    # the projections are the target's, whichever policy the drafter decodes
-    check_fingerprint(loaded.fingerprint, target_fingerprint(model, loaded.fingerprint["policy"]),
-                      what=f"SPOT-R drafter {path} was trained", fix=FIX)
     dims = (loaded.hidden.dims, loaded.embedding.dims)
     if (hidden_dims, embedding_dims) != dims:
         raise ValueError(f"--projections-from {path} projects on {dims[0]} hidden and {dims[1]} embedding components; pass "
                          f"--hidden-dims {dims[0]} --embedding-dims {dims[1]}")
-    return loaded.hidden, loaded.embedding
+    return loaded
 
 
 FIT_ROWS = 50_000  # hidden-state rows the projection is fitted on at most (a seeded sample; 50 MB at d = 256)
