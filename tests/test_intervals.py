@@ -142,6 +142,25 @@ def test_a_part_that_adds_methods_to_decoded_requests_takes_each_against_its_own
         combine([first, added, added])
 
 
+def test_pooled_accuracy_is_over_the_items_each_once():
+    """lm-eval scores each run over its own items: pooled, a suite's continuation weighs by its items, and a part that
+    decodes earlier items again (adding methods) counts for none; pooled again, a pooled part keeps its weights."""
+    def part(docs, score, written, method="m@8"):
+        rows = [sample("t", d, label, 100, 1.0) for d in docs for label in ("draft_free", method)]
+        accuracy = pd.DataFrame([{"temperature": 0.0, "seed": 0, "policy": "single", "task": task, "metric": "acc,none",
+                                  "value": score} for task in ("t", "group")])  # "group": a group's aggregate, no samples
+        return Bundle(dict(SETTINGS), [{"temperature": 0.0, "seed": 0}], pd.DataFrame(rows), pd.DataFrame(), accuracy,
+                      f"2026-12-0{written}T00:00:00")
+
+    first, more, added = part(range(4), 0.25, 1), part(range(4, 10), 0.5, 2), part(range(2), 1.0, 3, "r@8")
+    for pooled in (combine([first, more, added]), combine([combine([first, more]), added])):
+        got = compare.accuracy_table(pooled).set_index("task")["T = 0"]
+        assert got["t"] == pytest.approx((4 * 0.25 + 6 * 0.5) / 10)  # the plain mean of the three runs: 0.583
+        assert got["group"] == pytest.approx((0.25 + 0.5 + 1.0) / 3)  # no items to weigh it by
+        assert table2._accuracy(pooled).set_index("task").loc["t", "accuracy"] == pytest.approx(0.4)
+    assert "weight" not in first.accuracy.columns and compare.accuracy_table(first).set_index("task")["T = 0"]["t"] == 0.25
+
+
 def test_samples_whose_index_repeats_give_the_same_figures():
     """Frames concatenated without a new index (a caller's pd.concat) repeat index labels: the references are
     matched by request, not by index label."""

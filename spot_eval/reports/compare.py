@@ -238,11 +238,13 @@ def compare(bundle: Bundle) -> list[Comparison]:
 
 
 def accuracy_table(bundle: Bundle) -> pd.DataFrame:
-    """lm-eval's accuracy metrics only (no sample_len), per task, decoding policy, metric and temperature: mean over seeds."""
+    """lm-eval's accuracy metrics only (no sample_len), per task, decoding policy, metric and temperature: mean over seeds
+    (and over pooled items, each once)."""
     acc = table2.accuracy_metrics(bundle)
     if acc.empty:
         return acc
-    return acc.pivot_table(index=["task", "policy", "metric"], columns="temperature", values="value", aggfunc="mean").rename(
+    means = table2.mean_accuracy(acc, ["task", "policy", "metric", "temperature"])
+    return means.pivot_table(index=["task", "policy", "metric"], columns="temperature", values="accuracy", aggfunc="first").rename(
         columns=lambda t: f"T = {t:g}").reset_index()
 
 
@@ -338,7 +340,7 @@ def write_comparison(bundle: Bundle, out_dir: str | Path, date: str | None = Non
     sections.append(Section("Accepted steps per forward", figures=(shown[2],)))
     accuracy = accuracy_table(bundle)
     if not accuracy.empty:
-        sections.append(Section("Accuracy", "lm-eval's scores of the draft-free text of each decoding policy (mean over seeds); "
+        sections.append(Section("Accuracy", "lm-eval's scores of the draft-free text of each decoding policy (mean over seeds, and over pooled results' items, each once); "
                                             "every lossless method's outputs are the same text.", tables=(("accuracy per task", accuracy),)))
     lead = (f"The SPOT paper's Table 2 (arXiv 2610.22543), measured by spot-eval on {bundle.settings.get('target')}: "
             f"{len(bundle.samples.drop_duplicates(['temperature', 'seed', 'task', 'doc_id']))} requests in {len(bundle.runs)} run(s).")

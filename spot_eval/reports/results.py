@@ -181,10 +181,33 @@ def combine(bundles: list[Bundle]) -> Bundle:
         runs=[r for b in bundles for r in b.runs],
         samples=samples,
         outcomes=pd.concat([b.outcomes for b in bundles], ignore_index=True),
-        accuracy=pd.concat([b.accuracy for b in bundles], ignore_index=True),
+        accuracy=_pooled_accuracy([b.accuracy for b in bundles], samples) if len(bundles) > 1 else bundles[0].accuracy,
         # the newest part's date, so that a pooled bundle pooled again keeps its place in the order
         created=max(b.created for b in bundles) or time.strftime(DATE_FORMAT),
     )
+
+
+ACCURACY_KEYS = ("policy", "temperature", "seed", "task")  # what one lm-eval score of a run covers
+
+
+def _pooled_accuracy(parts: list[pd.DataFrame], samples: pd.DataFrame) -> pd.DataFrame:
+    """The parts' lm-eval scores, each weighted (`weight`) by the requests first decoded in its part: a part that
+    extends a suite weighs by its items, and one that decodes earlier items again (adding methods) counts for none
+    of them, so that the pooled mean is over the items, each once. A part pooled before shares its count among its
+    own scores by their weights; a score of a task no sample names (a group's aggregate) keeps its weight."""
+    first = samples.drop_duplicates(_request_keys(samples))  # the rows are in part order: each request's first part
+    out = []
+    for number, accuracy in enumerate(parts):
+        if accuracy.empty:
+            continue
+        keys = [k for k in ACCURACY_KEYS if k in accuracy.columns and k in first.columns]
+        counts = first[first.part == number].groupby(keys).size().rename("weight").reset_index()
+        prior = accuracy["weight"].to_numpy() if "weight" in accuracy.columns else 1.0
+        weighted = accuracy.drop(columns="weight", errors="ignore").assign(prior=prior).merge(counts, on=keys, how="left")
+        share = weighted.prior / weighted.groupby([*keys, "metric"]).prior.transform("sum")
+        weighted["weight"] = (weighted.weight.fillna(0.0) * share).where(weighted.task.isin(samples.task), weighted.prior)
+        out.append(weighted[weighted.weight > 0].drop(columns="prior"))
+    return pd.concat(out, ignore_index=True) if out else pd.DataFrame()
 
 
 def _check_pooled(samples: pd.DataFrame) -> None:

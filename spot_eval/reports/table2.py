@@ -55,15 +55,22 @@ def accuracy_metrics(bundle: Bundle) -> pd.DataFrame:
     return acc if acc.empty else acc[~acc.metric.str.startswith("sample_len")]
 
 
+def mean_accuracy(acc: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    """Per `keys`, the mean of the scores (`accuracy`): weighted by the items each covers where pooled results
+    carry it (`weight`, spot_eval.reports.results.combine), else over seeds alike."""
+    weight = acc["weight"] if "weight" in acc.columns else pd.Series(1.0, index=acc.index)
+    sums = acc.assign(weighted=acc.value * weight, weight=weight).groupby(keys, as_index=False)[["weighted", "weight"]].sum()
+    return sums.assign(accuracy=sums.weighted / sums.weight)[[*keys, "accuracy"]]
+
+
 def _accuracy(bundle: Bundle) -> pd.DataFrame:
-    """Per policy, temperature and task: the mean over seeds of lm-eval's first accuracy metric of the task
-    (it scores the draft-free text, which every lossless method reproduces), and that metric's name."""
+    """Per policy, temperature and task: the mean over seeds (and pooled items) of lm-eval's first accuracy metric
+    of the task (it scores the draft-free text, which every lossless method reproduces), and that metric's name."""
     acc = accuracy_metrics(bundle)
     if acc.empty:
         return pd.DataFrame(columns=["policy", "temperature", "task", "metric", "accuracy"])
     first = acc.drop_duplicates("task").set_index("task").metric  # lm-eval lists a task's primary metric first
-    acc = acc[acc.metric == acc.task.map(first)]
-    return acc.groupby(["policy", "temperature", "task", "metric"], as_index=False).agg(accuracy=("value", "mean"))
+    return mean_accuracy(acc[acc.metric == acc.task.map(first)], ["policy", "temperature", "task", "metric"])
 
 
 COLUMNS_OUT = ("policy", "temperature", "task", "label", "throughput_mean", "throughput_std", "forward_mean", "forward_std",
