@@ -340,8 +340,9 @@ def write_comparison(bundle: Bundle, out_dir: str | Path, date: str | None = Non
     sections.append(Section("Accepted steps per forward", figures=(shown[2],)))
     accuracy = accuracy_table(bundle)
     if not accuracy.empty:
-        sections.append(Section("Accuracy", "lm-eval's scores of the draft-free text of each decoding policy (mean over seeds, and over pooled results' items, each once); "
-                                            "every lossless method's outputs are the same text.", tables=(("accuracy per task", accuracy),)))
+        sections.append(Section("Accuracy", "lm-eval's scores of the draft-free text of each decoding policy (mean over seeds, "
+                                            "and over pooled results' items, each once); every lossless method's outputs are "
+                                            "the same text.", tables=(("accuracy per task", accuracy),)))
     lead = (f"The SPOT paper's Table 2 (arXiv 2610.22543), measured by spot-eval on {bundle.settings.get('target')}: "
             f"{len(bundle.samples.drop_duplicates(['temperature', 'seed', 'task', 'doc_id']))} requests in {len(bundle.runs)} run(s).")
     report = Report("SPOT, SPOT-Sets and the lossless rivals against draft-free decoding", lead, sections,
